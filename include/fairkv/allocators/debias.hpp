@@ -1,0 +1,62 @@
+// Debiasing between the policy's own allocation (lambda = 0: each segment keeps what the plain policy would
+// keep of it) and fair (lambda = 1): budget_g = (1 - lambda) * own_g + lambda * fair_g, made integer by largest
+// remainder so each head still keeps exactly n_keep. Within a segment, tokens are chosen on segment-local scores,
+// as under fair, so lambda = 1 is exactly `fair_with_whitelist`; at lambda = 0 the per-segment counts are exactly
+// the plain policy's (and so is the kept set, for scorers that are not attention-based).
+#pragma once
+
+#include <cmath>
+#include <span>
+
+#include "fairkv/allocator.hpp"
+#include "fairkv/allocators/detail/proportional.hpp"
+
+namespace fairkv::allocators {
+
+struct debias {
+  static constexpr bool uses_segments = true;
+  static constexpr bool uses_whitelist = true;
+  static constexpr bool segment_local = true;
+  static constexpr bool needs_own_allocation = true;
+  static constexpr const char* name = "debias";
+
+  float lambda = 1.0f;
+
+  [[nodiscard]] result allocate(const allocation_context& ctx, std::span<std::int64_t> budgets) const noexcept {
+    if (!(lambda >= 0.f && lambda <= 1.f))
+      return result::error(status::invalid_argument, "debias.lambda = %g is outside [0, 1]", static_cast<double>(lambda));
+    const auto g = static_cast<std::size_t>(ctx.groups());
+    // The fair target is the same for every head.
+    std::span<std::int64_t> fair_row = ctx.scratch.first(g);
+    detail::proportional_budgets(ctx.n_keep, ctx.sizes, ctx.forced, fair_row);
+    for (std::int64_t h = 0; h < ctx.heads; ++h) {
+      std::int64_t given = 0;
+      for (std::size_t i = 0; i < g; ++i) {
+        const double target = (1.0 - lambda) * static_cast<double>(ctx.own[h * g + i]) +
+                              static_cast<double>(lambda) * static_cast<double>(fair_row[i]);
+        budgets[h * g + i] = static_cast<std::int64_t>(std::floor(target));
+        given += budgets[h * g + i];
+      }
+      // Largest fractional part first, lower group index on ties. `left` < groups, so this is O(groups^2) at most.
+      for (std::int64_t left = ctx.n_keep - given; left > 0; --left) {
+        std::size_t best = g;
+        double best_frac = -1.0;
+        for (std::size_t i = 0; i < g; ++i) {
+          const double target = (1.0 - lambda) * static_cast<double>(ctx.own[h * g + i]) +
+                                static_cast<double>(lambda) * static_cast<double>(fair_row[i]);
+          const double frac = target - static_cast<double>(budgets[h * g + i]);
+          if (frac > 0.0 && frac > best_frac && budgets[h * g + i] < ctx.sizes[i]) {
+            best_frac = frac;
+            best = i;
+          }
+        }
+        if (best == g) return result::error(status::internal_error, "debias: could not distribute the budget");
+        ++budgets[h * g + best];
+      }
+    }
+    return {};
+  }
+};
+static_assert(SegmentAllocator<debias>);
+
+}  // namespace fairkv::allocators

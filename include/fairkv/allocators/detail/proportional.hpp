@@ -1,0 +1,63 @@
+// Budgets proportional to group sizes, integer by largest remainder, summing exactly to n_keep, with a lower
+// bound per group (its whitelisted tokens). A group whose proportional share falls below its bound is pinned at
+// the bound and the rest is shared again among the others (water-filling), so forced tokens are charged to the
+// group they sit in and the unforced groups stay proportional among themselves.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace fairkv::allocators::detail {
+
+// out[g] for g < sizes.size(). Preconditions (checked by the backend): sizes[g] > 0, forced[g] <= sizes[g],
+// sum(forced) <= n_keep <= sum(sizes). Ties in the remainder go to the lower group index, for determinism.
+inline void proportional_budgets(std::int64_t n_keep, std::span<const std::int64_t> sizes,
+                                 std::span<const std::int64_t> forced, std::span<std::int64_t> out) noexcept {
+  const std::size_t groups = sizes.size();
+  // out[g] < 0 marks an active (not yet pinned) group during the iteration.
+  for (std::size_t g = 0; g < groups; ++g) out[g] = -1;
+  for (;;) {
+    std::int64_t budget = n_keep, active_size = 0;
+    for (std::size_t g = 0; g < groups; ++g) {
+      if (out[g] >= 0)
+        budget -= out[g];
+      else
+        active_size += sizes[g];
+    }
+    if (active_size == 0) return;
+    bool pinned_any = false;
+    for (std::size_t g = 0; g < groups; ++g) {
+      // share < forced  <=>  budget * size < forced * active_size (exact in 64 bits: all factors < 2^31)
+      if (out[g] < 0 && budget * sizes[g] < forced[g] * active_size) {
+        out[g] = forced[g];
+        pinned_any = true;
+      }
+    }
+    if (pinned_any) continue;
+    std::int64_t given = 0;
+    for (std::size_t g = 0; g < groups; ++g)
+      if (out[g] < 0) given += budget * sizes[g] / active_size;
+    std::int64_t left = budget - given;  // < number of active groups
+    // Hand out the leftovers by largest remainder; mark receivers by storing the floor first.
+    for (std::size_t g = 0; g < groups; ++g)
+      if (out[g] < 0) out[g] = -2 - budget * sizes[g] / active_size;  // encoded floor, still "active"
+    while (left-- > 0) {
+      std::size_t best = groups;
+      std::int64_t best_rem = -1;
+      for (std::size_t g = 0; g < groups; ++g) {
+        if (out[g] >= -1) continue;  // pinned or already topped up
+        const std::int64_t rem = budget * sizes[g] % active_size;
+        if (rem > best_rem) {
+          best_rem = rem;
+          best = g;
+        }
+      }
+      out[best] = -2 - out[best] + 1;  // decode floor, add one, now final
+    }
+    for (std::size_t g = 0; g < groups; ++g)
+      if (out[g] <= -2) out[g] = -2 - out[g];
+    return;
+  }
+}
+
+}  // namespace fairkv::allocators::detail

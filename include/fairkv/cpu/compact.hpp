@@ -1,0 +1,93 @@
+// Stable in-place compaction: slot j of every (batch, head) row receives the token plan.indices[j]. Indices are
+// strictly ascending, so a source is never overwritten before it is read and kept tokens keep their order.
+// Slots at and after the new count are left as they were (the engine shortens its lengths to plan.counts).
+// Everything is validated before the first write.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "fairkv/keep_plan.hpp"
+#include "fairkv/status.hpp"
+#include "fairkv/views/kv_view.hpp"
+#include "fairkv/views/paged_kv_view.hpp"
+
+namespace fairkv::cpu {
+namespace detail {
+
+template <class Side>
+void move_rows(const keep_plan_view& plan, const Side& side) noexcept {
+  for (std::int64_t b = 0; b < plan.batch; ++b)
+    for (std::int64_t h = 0; h < plan.heads; ++h) {
+      const std::int32_t* idx = plan.row(b, h);
+      const std::int32_t n = plan.count(b, h);
+      for (std::int32_t j = 0; j < n; ++j) {
+        if (idx[j] == j) continue;  // a kept prefix does not move
+        auto* dst = side.row(b, h, j);
+        const auto* src = side.row(b, h, idx[j]);
+        if (side.stride_dim == 1) {
+          std::memcpy(dst, src, static_cast<std::size_t>(side.head_dim) * sizeof(*dst));
+        } else {
+          for (std::int64_t d = 0; d < side.head_dim; ++d) dst[d * side.stride_dim] = src[d * side.stride_dim];
+        }
+      }
+    }
+}
+
+template <class View>
+[[nodiscard]] result check_extents(const keep_plan_view& plan, const View& v, const char* name) noexcept {
+  if (v.batch != plan.batch || v.heads != plan.heads)
+    return result::error(status::invalid_plan, "%s is [batch %lld, heads %lld] but the plan is [%lld, %lld]", name,
+                         static_cast<long long>(v.batch), static_cast<long long>(v.heads),
+                         static_cast<long long>(plan.batch), static_cast<long long>(plan.heads));
+  for (std::int64_t b = 0; b < plan.batch; ++b)
+    if (v.tokens_of(b) != plan.lengths[b])
+      return result::error(status::invalid_plan, "%s sequence %lld has %lld tokens but the plan was made for %d", name,
+                           static_cast<long long>(b), static_cast<long long>(v.tokens_of(b)), plan.lengths[b]);
+  return {};
+}
+
+}  // namespace detail
+
+template <class T>
+[[nodiscard]] result compact(const keep_plan_view& plan, kv_view<T> keys, kv_view<T> values) noexcept {
+  static_assert(!std::is_const_v<T>, "fairkv::cpu::compact writes the cache: pass views of non-const elements");
+  FAIRKV_TRY(validate(plan, "plan"));
+  FAIRKV_TRY(validate(keys, "keys"));
+  FAIRKV_TRY(validate(values, "values"));
+  FAIRKV_TRY(detail::check_extents(plan, keys, "keys"));
+  FAIRKV_TRY(detail::check_extents(plan, values, "values"));
+  detail::move_rows(plan, keys);
+  detail::move_rows(plan, values);
+  return {};
+}
+
+// Paged: moves K and V within each sequence's own pages. Pages past the new length can be freed by the engine
+// (see compacted_pages); head_adaptive plans leave ragged per-head counts, the longest one decides.
+template <class T>
+[[nodiscard]] result compact(const keep_plan_view& plan, const paged_kv_view<T>& view) noexcept {
+  static_assert(!std::is_const_v<T>, "fairkv::cpu::compact writes the cache: pass a view of non-const elements");
+  FAIRKV_TRY(validate(plan, "plan"));
+  FAIRKV_TRY(validate(view, "view"));
+  FAIRKV_TRY(detail::check_extents(plan, view.keys(), "view"));
+  detail::move_rows(plan, view.keys());
+  detail::move_rows(plan, view.values());
+  return {};
+}
+
+// Pages sequence b still needs after compaction, and the fill of its last page.
+struct page_usage {
+  std::int64_t pages = 0;
+  std::int64_t last_page_len = 0;
+};
+[[nodiscard]] inline page_usage compacted_pages(const keep_plan_view& plan, std::int64_t b,
+                                                std::int64_t page_size) noexcept {
+  std::int64_t longest = 0;
+  for (std::int64_t h = 0; h < plan.heads; ++h) longest = longest > plan.count(b, h) ? longest : plan.count(b, h);
+  if (longest == 0) return {};
+  const std::int64_t pages = (longest + page_size - 1) / page_size;
+  return {pages, longest - (pages - 1) * page_size};
+}
+
+}  // namespace fairkv::cpu

@@ -1,0 +1,457 @@
+// The CPU backend's planner (the oracle every other backend is compared with):
+//   validate -> score (segment-local where the allocator asks) -> allocate budgets per (head, segment)
+//   -> select under the library's total order (detail/order.hpp) -> keep plan with ascending indices.
+// It only reads the engine's memory; the plan and the scratch live in caller memory. Two-phase workspace in
+// CUB's shape: call with workspace == nullptr to get workspace_bytes, then again with the buffer.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <new>
+#include <span>
+#include <vector>
+
+#include "fairkv/cpu/score.hpp"
+#include "fairkv/detail/order.hpp"
+#include "fairkv/keep_plan.hpp"
+#include "fairkv/layer_inputs.hpp"
+#include "fairkv/policy.hpp"
+#include "fairkv/segments.hpp"
+#include "fairkv/status.hpp"
+
+namespace fairkv {
+
+// The layer budget of a sequence of L tokens: floor(L * (1 - ratio)) as kvpress computes it (in double), and at
+// least one token so a high ratio never empties a head (kvpress PR #264).
+[[nodiscard]] constexpr std::int64_t keep_budget(std::int64_t tokens, double ratio) noexcept {
+  if (tokens <= 0) return 0;
+  const auto n = static_cast<std::int64_t>(static_cast<double>(tokens) * (1.0 - ratio));
+  return std::clamp<std::int64_t>(n, 1, tokens);
+}
+
+namespace cpu {
+namespace detail {
+
+struct run {
+  std::int64_t begin, end, group;
+};
+
+// One layout for the size query and the run (CUB convention), so the two can never disagree.
+struct plan_workspace {
+  float* scores = nullptr;         // [heads, max_tokens] the scores selection uses
+  float* global_scores = nullptr;  // [heads, max_tokens] whole-sequence scores (debias of an attention scorer)
+  float* tmp = nullptr;            // [3 * max_tokens] attention scratch
+  float* mean_scores = nullptr;    // [max_tokens] head-mean scores (union)
+  std::uint64_t* keys = nullptr;   // [select_slots] selection keys
+  std::uint8_t* keep = nullptr;    // [select_slots] keep mask, per head for head_adaptive
+  std::uint8_t* forced = nullptr;  // [max_tokens] whitelist mask
+  std::int32_t* group_of = nullptr;  // [max_tokens]
+  run* runs = nullptr;             // [2 * segments + 1] maximal runs of one group
+  std::int64_t* sizes = nullptr;   // [groups]
+  std::int64_t* forced_n = nullptr;  // [groups]
+  std::int64_t* budgets = nullptr;   // [heads, groups]
+  std::int64_t* own = nullptr;       // [heads, groups]
+  std::int64_t* scratch = nullptr;   // [groups]
+  std::int64_t* order = nullptr;     // [segments] segment indices sorted by begin
+};
+
+template <class T>
+inline void carve(std::byte*& cursor, std::size_t& bytes, T*& out, std::size_t count, bool assign) {
+  constexpr std::size_t align = 64;
+  bytes = (bytes + align - 1) / align * align;
+  if (assign) out = reinterpret_cast<T*>(cursor + bytes);
+  bytes += count * sizeof(T);
+}
+
+inline std::size_t layout(std::byte* base, plan_workspace& w, std::int64_t heads, std::int64_t max_tokens,
+                          std::int64_t n_segments, bool global_scores, bool per_head_keep) {
+  const bool assign = base != nullptr;
+  std::byte* cursor = base;
+  std::size_t bytes = 0;
+  const auto L = static_cast<std::size_t>(max_tokens);
+  const auto H = static_cast<std::size_t>(heads);
+  const auto G = static_cast<std::size_t>(n_segments + 1);
+  const std::size_t slots = per_head_keep ? H * L : L;
+  carve(cursor, bytes, w.scores, H * L, assign);
+  carve(cursor, bytes, w.global_scores, global_scores ? H * L : 0, assign);
+  carve(cursor, bytes, w.tmp, 3 * L, assign);
+  carve(cursor, bytes, w.mean_scores, L, assign);
+  carve(cursor, bytes, w.keys, slots, assign);
+  carve(cursor, bytes, w.keep, slots, assign);
+  carve(cursor, bytes, w.forced, L, assign);
+  carve(cursor, bytes, w.group_of, L, assign);
+  carve(cursor, bytes, w.runs, 2 * static_cast<std::size_t>(n_segments) + 1, assign);
+  carve(cursor, bytes, w.sizes, G, assign);
+  carve(cursor, bytes, w.forced_n, G, assign);
+  carve(cursor, bytes, w.budgets, H * G, assign);
+  carve(cursor, bytes, w.own, H * G, assign);
+  carve(cursor, bytes, w.scratch, G, assign);
+  carve(cursor, bytes, w.order, static_cast<std::size_t>(n_segments) + 1, assign);
+  if (!global_scores) w.global_scores = w.scores;
+  return bytes + 64;  // slack for aligning the caller's base pointer
+}
+
+// Puts the k best of keys[0, n) first (unordered). The keys are unique, so the set is exact.
+inline void partition_top(std::uint64_t* keys, std::int64_t n, std::int64_t k) {
+  if (k <= 0 || k >= n) return;
+  std::nth_element(keys, keys + (k - 1), keys + n, std::greater<>());
+}
+
+// Keeps the `k` best non-forced tokens of group g (runs of g) on one score row, marking keep[t] = 1.
+inline void select_in_group(const float* score_row, const run* runs, std::int64_t n_runs, std::int64_t g,
+                            const std::uint8_t* forced, std::int64_t k, std::uint64_t* keys, std::uint8_t* keep) {
+  if (k <= 0) return;
+  std::int64_t n = 0;
+  for (std::int64_t r = 0; r < n_runs; ++r) {
+    if (runs[r].group != g) continue;
+    for (std::int64_t t = runs[r].begin; t < runs[r].end; ++t)
+      if (!forced[t]) keys[n++] = fairkv::detail::selection_key(score_row[t], static_cast<std::uint32_t>(t));
+  }
+  partition_top(keys, n, k);
+  for (std::int64_t i = 0; i < std::min(k, n); ++i) keep[fairkv::detail::key_index(keys[i])] = 1;
+}
+
+template <class KeySource>
+[[nodiscard]] result validate_keys(const KeySource& keys) noexcept {
+  return validate(keys, "inputs.keys");
+}
+
+template <class S>
+[[nodiscard]] result validate_scorer(const S& s) noexcept {
+  if constexpr (S::source == score_source::window_attention) {
+    if (s.window < 1)
+      return result::error(status::invalid_argument, "scorer.window = %d must be at least 1", static_cast<int>(s.window));
+    if (s.kernel < 1 || s.kernel % 2 == 0)
+      return result::error(status::invalid_argument, "scorer.kernel = %d must be odd and positive",
+                           static_cast<int>(s.kernel));
+  }
+  if constexpr (requires { s.n_sink; }) {
+    if (s.n_sink < 0)
+      return result::error(status::invalid_argument, "scorer.n_sink = %d must be non-negative", static_cast<int>(s.n_sink));
+  }
+  return {};
+}
+
+template <class S, class A, class KeySource, class Q>
+[[nodiscard]] result validate_attention_inputs(const layer_inputs<KeySource, Q>& in, std::int64_t min_tokens,
+                                               std::int64_t max_tokens) noexcept {
+  if constexpr (!is_attention_source(S::source)) {
+    return {};
+  } else {
+    const bool have_rows = in.attention != nullptr;
+    const bool have_sums = in.attention_column_sums != nullptr && S::source == score_source::observed_attention;
+    if (in.queries.data == nullptr && !have_rows && !have_sums)
+      return result::error(status::missing_input,
+                           "scorer '%s' needs the window's queries (inputs.queries) or the engine's attention "
+                           "(inputs.attention%s)",
+                           S::name, S::source == score_source::observed_attention ? " or inputs.attention_column_sums" : "");
+    const std::int64_t qh = in.q_heads();
+    if (qh <= 0)
+      return result::error(status::invalid_shape, "inputs.query_heads must be positive when only attention is given");
+    if (qh % in.keys.heads != 0)
+      return result::error(status::invalid_shape,
+                           "the %lld query heads are not a multiple of the %lld KV heads (GQA groups must be equal)",
+                           static_cast<long long>(qh), static_cast<long long>(in.keys.heads));
+    if (in.queries.data != nullptr) {
+      FAIRKV_TRY(validate(in.queries, "inputs.queries"));
+      if (in.queries.batch != in.keys.batch || in.queries.head_dim != in.keys.head_dim)
+        return result::error(status::invalid_shape,
+                             "inputs.queries is [batch %lld, head_dim %lld] but the keys are [batch %lld, head_dim %lld]",
+                             static_cast<long long>(in.queries.batch), static_cast<long long>(in.queries.head_dim),
+                             static_cast<long long>(in.keys.batch), static_cast<long long>(in.keys.head_dim));
+      if (in.queries.tokens < 1 || in.queries.tokens > min_tokens)
+        return result::error(status::invalid_shape,
+                             "inputs.queries has %lld positions; it must hold between 1 and %lld (the shortest sequence)",
+                             static_cast<long long>(in.queries.tokens), static_cast<long long>(min_tokens));
+    } else {
+      const std::int64_t ld = in.attention_ld != 0 ? in.attention_ld : max_tokens;
+      if (ld < max_tokens)
+        return result::error(status::invalid_shape, "inputs.attention_ld = %lld is smaller than the %lld tokens",
+                             static_cast<long long>(ld), static_cast<long long>(max_tokens));
+      if (have_rows && (in.attention_rows < 1 || in.attention_rows > min_tokens))
+        return result::error(status::invalid_shape, "inputs.attention_rows = %lld must be in [1, %lld]",
+                             static_cast<long long>(in.attention_rows), static_cast<long long>(min_tokens));
+      if constexpr (A::segment_local && S::source == score_source::observed_attention) {
+        if (!have_rows)
+          return result::error(status::missing_input,
+                               "segment-local H2O needs queries or attention rows: accumulated column sums "
+                               "(inputs.attention_column_sums) mix attention across segments");
+      }
+    }
+    return {};
+  }
+}
+
+}  // namespace detail
+
+// Plans one layer. `segments` and `whitelist` apply to every sequence of the batch. Nothing is written but the
+// plan and the workspace; on error the plan's contents are unspecified and the engine's memory is untouched.
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result plan(void* workspace, std::size_t& workspace_bytes, const policy<S, Sel, A>& pol,
+                          const layer_inputs<KeySource, Q>& in, std::span<const segment> segments,
+                          std::span<const std::int32_t> whitelist, double ratio, keep_plan_view out) noexcept {
+  using namespace fairkv::detail;
+  // ---- validation: everything is checked before any scratch is touched ----
+  if (!(ratio >= 0.0 && ratio < 1.0))
+    return result::error(status::invalid_argument, "ratio = %g is outside [0, 1)", ratio);
+  FAIRKV_TRY(detail::validate_keys(in.keys));
+  const std::int64_t batch = in.keys.batch, heads = in.keys.heads;
+  std::int64_t max_tokens = 0, min_tokens = INT64_MAX;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t L = in.keys.tokens_of(b);
+    if (L == 0)
+      return result::error(status::empty_cache, "sequence %lld of inputs.keys has no tokens", static_cast<long long>(b));
+    if (L > INT32_MAX || L * heads > INT64_C(0xFFFFFFFF))
+      return result::error(status::not_supported, "sequence %lld has %lld tokens; at most 2^32 / heads are supported",
+                           static_cast<long long>(b), static_cast<long long>(L));
+    max_tokens = std::max(max_tokens, L);
+    min_tokens = std::min(min_tokens, L);
+  }
+  if constexpr (!A::uses_segments) {
+    if (!segments.empty())
+      return result::error(status::invalid_argument,
+                           "%zu segments were given but allocator '%s' does not use segments (use fair, "
+                           "fair_with_whitelist or debias)",
+                           segments.size(), A::name);
+  }
+  if constexpr (!A::uses_whitelist) {
+    if (!whitelist.empty())
+      return result::error(status::invalid_argument,
+                           "a whitelist of %zu positions was given but allocator '%s' ignores whitelists (use "
+                           "whitelist, fair_with_whitelist or debias)",
+                           whitelist.size(), A::name);
+  }
+  FAIRKV_TRY(validate_segments(segments, min_tokens));
+  FAIRKV_TRY(validate_whitelist(whitelist, min_tokens));
+  FAIRKV_TRY(detail::validate_scorer(pol.scorer));
+  if constexpr (Sel::kind == selection_kind::head_adaptive) {
+    if (!(pol.selector.alpha_safeguard >= 0.f && pol.selector.alpha_safeguard <= 1.f))
+      return result::error(status::invalid_argument, "selector.alpha_safeguard = %g is outside [0, 1]",
+                           static_cast<double>(pol.selector.alpha_safeguard));
+  }
+  FAIRKV_TRY((detail::validate_attention_inputs<S, A>(in, min_tokens, max_tokens)));
+
+  constexpr bool local = A::segment_local && is_attention_source(S::source);
+  constexpr bool separate_global = local && A::needs_own_allocation;
+  constexpr bool per_head_keep = Sel::kind == selection_kind::head_adaptive;
+  const auto n_segments = static_cast<std::int64_t>(segments.size());
+  detail::plan_workspace w;
+  const std::size_t needed =
+      detail::layout(nullptr, w, heads, max_tokens, n_segments, separate_global, per_head_keep);
+  if (workspace == nullptr) {
+    workspace_bytes = needed;
+    return {};
+  }
+  if (workspace_bytes < needed)
+    return result::error(status::insufficient_workspace, "workspace_bytes = %zu but the plan needs %zu",
+                         workspace_bytes, needed);
+  if (out.indices == nullptr || out.counts == nullptr || out.lengths == nullptr)
+    return result::error(status::null_pointer, "the output plan's indices, counts and lengths must be non-null");
+  if (out.batch != batch || out.heads != heads || out.capacity < max_tokens)
+    return result::error(status::invalid_shape,
+                         "the output plan is [batch %lld, heads %lld, capacity %lld] but the keys need "
+                         "[%lld, %lld, >= %lld]",
+                         static_cast<long long>(out.batch), static_cast<long long>(out.heads),
+                         static_cast<long long>(out.capacity), static_cast<long long>(batch),
+                         static_cast<long long>(heads), static_cast<long long>(max_tokens));
+  auto* base = static_cast<std::byte*>(workspace);
+  base += (64 - reinterpret_cast<std::uintptr_t>(base) % 64) % 64;
+  detail::layout(base, w, heads, max_tokens, n_segments, separate_global, per_head_keep);
+
+  // Segment order by position; the remainder (tokens in no segment) is the last group.
+  for (std::int64_t i = 0; i < n_segments; ++i) w.order[i] = i;
+  std::sort(w.order, w.order + n_segments,
+            [&](std::int64_t a, std::int64_t b) { return segments[a].begin < segments[b].begin; });
+
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t L = in.keys.tokens_of(b);
+    const std::int64_t n_keep = keep_budget(L, ratio);
+    const std::int64_t ld = max_tokens;
+
+    // ---- groups and their maximal runs ----
+    std::int64_t covered = 0;
+    for (std::int64_t i = 0; i < n_segments; ++i) covered += segments[w.order[i]].size();
+    const std::int64_t groups = n_segments + (covered < L ? 1 : 0);
+    const std::int64_t remainder = n_segments;
+    std::fill(w.group_of, w.group_of + L, static_cast<std::int32_t>(remainder));
+    for (std::int64_t i = 0; i < n_segments; ++i) {
+      const segment& s = segments[w.order[i]];
+      std::fill(w.group_of + s.begin, w.group_of + s.end, static_cast<std::int32_t>(i));
+    }
+    std::int64_t n_runs = 0;
+    for (std::int64_t t = 0; t < L; ++t) {
+      if (t == 0 || w.group_of[t] != w.group_of[t - 1]) w.runs[n_runs++] = {t, t, w.group_of[t]};
+      w.runs[n_runs - 1].end = t + 1;
+    }
+    std::fill(w.sizes, w.sizes + groups, 0);
+    std::fill(w.forced_n, w.forced_n + groups, 0);
+    for (std::int64_t r = 0; r < n_runs; ++r) w.sizes[w.runs[r].group] += w.runs[r].end - w.runs[r].begin;
+
+    // ---- whitelist ----
+    std::fill(w.forced, w.forced + L, std::uint8_t{0});
+    std::int64_t forced_total = 0;
+    for (const std::int32_t t : whitelist) {
+      if (w.forced[t]) continue;
+      w.forced[t] = 1;
+      ++w.forced_n[w.group_of[t]];
+      ++forced_total;
+    }
+    if (forced_total > n_keep)
+      return result::error(status::budget_exceeded,
+                           "the whitelist holds %lld distinct positions but sequence %lld keeps only %lld of its %lld "
+                           "tokens at ratio %g",
+                           static_cast<long long>(forced_total), static_cast<long long>(b),
+                           static_cast<long long>(n_keep), static_cast<long long>(L), ratio);
+
+    // ---- scores ----
+    if constexpr (local) {
+      for (std::int64_t r = 0; r < n_runs; ++r)
+        FAIRKV_TRY(detail::score_region(pol.scorer, in, b, L, w.runs[r].begin, w.runs[r].end, w.scores, ld, w.tmp));
+    } else {
+      FAIRKV_TRY(detail::score_region(pol.scorer, in, b, L, 0, L, w.scores, ld, w.tmp));
+    }
+    if constexpr (separate_global) FAIRKV_TRY(detail::score_region(pol.scorer, in, b, L, 0, L, w.global_scores, ld, w.tmp));
+    if constexpr (Sel::kind == selection_kind::union_heads) {
+      // Mean over heads; a NaN in any head propagates and the token goes first.
+      for (std::int64_t t = 0; t < L; ++t) {
+        float s = 0.f;
+        for (std::int64_t h = 0; h < heads; ++h) s += w.scores[h * ld + t];
+        w.mean_scores[t] = s / static_cast<float>(heads);
+      }
+    }
+
+    // ---- the plain policy's own allocation, for allocators that interpolate from it ----
+    if constexpr (A::needs_own_allocation) {
+      const detail::run whole{0, L, 0};
+      const std::int64_t score_rows = Sel::kind == selection_kind::union_heads ? 1 : heads;
+      for (std::int64_t h = 0; h < heads; ++h) {
+        const float* row = w.global_scores + h * ld;
+        if constexpr (Sel::kind == selection_kind::union_heads) {
+          for (std::int64_t t = 0; t < L; ++t) {
+            float s = 0.f;
+            for (std::int64_t hh = 0; hh < heads; ++hh) s += w.global_scores[hh * ld + t];
+            w.tmp[t] = s / static_cast<float>(heads);
+          }
+          row = w.tmp;
+        }
+        if (h < score_rows) {
+          std::copy(w.forced, w.forced + L, w.keep);
+          detail::select_in_group(row, &whole, 1, 0, w.forced, n_keep - forced_total, w.keys, w.keep);
+          std::fill(w.own + h * groups, w.own + (h + 1) * groups, 0);
+          for (std::int64_t t = 0; t < L; ++t) w.own[h * groups + w.group_of[t]] += w.keep[t];
+        } else {
+          std::copy(w.own, w.own + groups, w.own + h * groups);
+        }
+      }
+    }
+
+    // ---- budgets per (head, group), checked so a user allocator cannot produce an inconsistent plan ----
+    const allocation_context ctx{n_keep,
+                                 heads,
+                                 {w.sizes, static_cast<std::size_t>(groups)},
+                                 {w.forced_n, static_cast<std::size_t>(groups)},
+                                 {w.own, A::needs_own_allocation ? static_cast<std::size_t>(heads * groups) : 0u},
+                                 {w.scratch, static_cast<std::size_t>(groups)}};
+    // An allocator without segments sees exactly one group: the segment list was checked to be empty.
+    FAIRKV_TRY(pol.allocator.allocate(ctx, {w.budgets, static_cast<std::size_t>(heads * groups)}));
+    const std::int64_t budget_groups = groups;
+    for (std::int64_t h = 0; h < heads; ++h) {
+      std::int64_t sum = 0;
+      for (std::int64_t g = 0; g < budget_groups; ++g) {
+        const std::int64_t v = w.budgets[h * budget_groups + g];
+        if (v < w.forced_n[g] || v > w.sizes[g])
+          return result::error(status::internal_error,
+                               "allocator '%s' gave head %lld, group %lld a budget of %lld outside [%lld, %lld]", A::name,
+                               static_cast<long long>(h), static_cast<long long>(g), static_cast<long long>(v),
+                               static_cast<long long>(w.forced_n[g]), static_cast<long long>(w.sizes[g]));
+        sum += v;
+      }
+      if (sum != n_keep)
+        return result::error(status::internal_error, "allocator '%s' gave head %lld %lld tokens instead of %lld",
+                             A::name, static_cast<long long>(h), static_cast<long long>(sum),
+                             static_cast<long long>(n_keep));
+    }
+
+    // ---- selection ----
+    auto emit = [&](std::int64_t h, const std::uint8_t* keep) {
+      std::int32_t* row = out.row(b, h);
+      std::int32_t n = 0;
+      for (std::int64_t t = 0; t < L; ++t)
+        if (keep[t]) row[n++] = static_cast<std::int32_t>(t);
+      out.counts[b * heads + h] = n;
+    };
+    if constexpr (Sel::kind == selection_kind::per_head) {
+      for (std::int64_t h = 0; h < heads; ++h) {
+        std::copy(w.forced, w.forced + L, w.keep);
+        for (std::int64_t g = 0; g < budget_groups; ++g)
+          detail::select_in_group(w.scores + h * ld, w.runs, n_runs, g, w.forced,
+                                  w.budgets[h * budget_groups + g] - w.forced_n[g], w.keys, w.keep);
+        emit(h, w.keep);
+      }
+    } else if constexpr (Sel::kind == selection_kind::union_heads) {
+      std::copy(w.forced, w.forced + L, w.keep);
+      for (std::int64_t g = 0; g < budget_groups; ++g)
+        detail::select_in_group(w.mean_scores, w.runs, n_runs, g, w.forced, w.budgets[g] - w.forced_n[g], w.keys,
+                                w.keep);
+      for (std::int64_t h = 0; h < heads; ++h) emit(h, w.keep);
+    } else if constexpr (Sel::kind == selection_kind::head_adaptive) {
+      std::uint8_t* keep = w.keep;  // [heads, L]
+      for (std::int64_t h = 0; h < heads; ++h) std::copy(w.forced, w.forced + L, keep + h * L);
+      for (std::int64_t g = 0; g < budget_groups; ++g) {
+        // Safeguard: each head first keeps floor(alpha * budget) of its best tokens, whitelisted ones included.
+        std::int64_t pool = 0;
+        for (std::int64_t h = 0; h < heads; ++h) {
+          const std::int64_t budget = w.budgets[h * budget_groups + g];
+          const std::int64_t safe = static_cast<std::int64_t>(static_cast<double>(budget) * pol.selector.alpha_safeguard);
+          const std::int64_t extra = std::max<std::int64_t>(0, safe - w.forced_n[g]);
+          detail::select_in_group(w.scores + h * ld, w.runs, n_runs, g, w.forced, extra, w.keys, keep + h * L);
+          pool += budget - w.forced_n[g] - extra;
+        }
+        // Then the segment's remaining budget, summed over heads, goes to the best (head, token) pairs.
+        // Key tie order: lower token first, then lower head.
+        std::int64_t n = 0;
+        for (std::int64_t r = 0; r < n_runs; ++r) {
+          if (w.runs[r].group != g) continue;
+          for (std::int64_t t = w.runs[r].begin; t < w.runs[r].end; ++t)
+            for (std::int64_t h = 0; h < heads; ++h)
+              if (!keep[h * L + t])
+                w.keys[n++] = selection_key(w.scores[h * ld + t], static_cast<std::uint32_t>(t * heads + h));
+        }
+        detail::partition_top(w.keys, n, pool);
+        for (std::int64_t i = 0; i < std::min(pool, n); ++i) {
+          const std::uint32_t th = key_index(w.keys[i]);
+          keep[(th % heads) * L + th / heads] = 1;
+        }
+      }
+      for (std::int64_t h = 0; h < heads; ++h) emit(h, keep + h * L);
+    } else {
+      static_assert(dependent_false<Sel>, "fairkv::cpu::plan: unknown selection_kind");
+    }
+    out.lengths[b] = static_cast<std::int32_t>(L);
+  }
+  return {};
+}
+
+// Convenience: allocates the plan and the scratch with std::vector (use the overload above to control memory).
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result plan(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                          std::span<const segment> segments, std::span<const std::int32_t> whitelist, double ratio,
+                          keep_plan& out) noexcept {
+  try {
+    std::size_t bytes = 0;
+    FAIRKV_TRY(plan(nullptr, bytes, pol, in, segments, whitelist, ratio, keep_plan_view{}));
+    std::int64_t max_tokens = 0;
+    for (std::int64_t b = 0; b < in.keys.batch; ++b) max_tokens = std::max(max_tokens, in.keys.tokens_of(b));
+    std::vector<std::byte> scratch(bytes);
+    out.resize(in.keys.batch, in.keys.heads, max_tokens);
+    return plan(scratch.data(), bytes, pol, in, segments, whitelist, ratio, out.view());
+  } catch (const std::bad_alloc&) {
+    return result::error(status::insufficient_workspace, "out of host memory for the plan's scratch");
+  }
+}
+
+}  // namespace cpu
+}  // namespace fairkv

@@ -1,0 +1,206 @@
+// CPU scoring: every Scorer source, for one sequence and one scoring region [rb, re) at a time. Attention is
+// computed one query row at a time (O(region) memory, never L x L). Float rows with unit stride go through Eigen
+// maps of the engine's memory; other element types convert element by element.
+#pragma once
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "fairkv/layer_inputs.hpp"
+#include "fairkv/scorer.hpp"
+#include "fairkv/status.hpp"
+
+namespace fairkv::cpu::detail {
+
+// scale * <q, k_t> for t in [k0, k1); q is a query row of `head_dim` elements with stride qs.
+template <class KeySource, class Q>
+void dot_keys(const KeySource& keys, std::int64_t b, std::int64_t h, std::int64_t k0, std::int64_t k1,
+              const Q* q, std::int64_t qs, float scale, float* out) {
+  using T = typename KeySource::value_type;
+  const std::int64_t d = keys.head_dim;
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<std::remove_const_t<Q>, float> &&
+                std::is_same_v<KeySource, kv_view<const float>>) {
+    if (keys.stride_dim == 1 && qs == 1 && k1 > k0) {
+      using row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+      const Eigen::Map<const row_major, 0, Eigen::OuterStride<>> k(keys.row(b, h, k0), k1 - k0, d,
+                                                                   Eigen::OuterStride<>(keys.stride_token));
+      const Eigen::Map<const Eigen::VectorXf> qv(q, d);
+      Eigen::Map<Eigen::VectorXf>(out, k1 - k0).noalias() = scale * (k * qv);
+      return;
+    }
+  }
+  for (std::int64_t t = k0; t < k1; ++t) {
+    const auto* kr = keys.row(b, h, t);
+    float acc = 0.f;
+    for (std::int64_t i = 0; i < d; ++i) acc += to_float(q[i * qs]) * to_float(kr[i * keys.stride_dim]);
+    out[t - k0] = scale * acc;
+  }
+}
+
+// In-place softmax of x[0, n) in float (kvpress computes it in float32).
+inline void softmax(float* x, std::int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (std::int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  float sum = 0.f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - m);
+    sum += x[i];
+  }
+  const float inv = 1.f / sum;
+  for (std::int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+// The attention row of the query at absolute position p (query head qh) over keys [rb, p], written to
+// probs[0, p - rb]. From queries when given, else from the engine's rows renormalised to the region (a softmax
+// restricted to a subset of keys and renormalised is the softmax over that subset).
+template <class KeySource, class Q>
+result attention_row(const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L, std::int64_t qh,
+                     std::int64_t group_size, std::int64_t p, std::int64_t rb, float scale, float* probs) {
+  const std::int64_t n = p - rb + 1;
+  if (in.queries.data != nullptr) {
+    const std::int64_t qi = p - (L - in.queries.tokens);
+    if (qi < 0)
+      return result::error(status::missing_input,
+                           "scoring needs the query at position %lld but queries cover only the last %lld of %lld tokens",
+                           static_cast<long long>(p), static_cast<long long>(in.queries.tokens),
+                           static_cast<long long>(L));
+    dot_keys(in.keys, b, qh / group_size, rb, p + 1, in.queries.row(b, qh, qi), in.queries.stride_dim, scale, probs);
+    softmax(probs, n);
+    return {};
+  }
+  if (in.attention == nullptr)
+    return result::error(status::missing_input, "attention scorer: neither queries nor attention were given");
+  const std::int64_t ai = p - (L - in.attention_rows);
+  if (ai < 0)
+    return result::error(status::missing_input,
+                         "scoring needs the attention row of position %lld but attention covers only the last %lld rows",
+                         static_cast<long long>(p), static_cast<long long>(in.attention_rows));
+  const std::int64_t ld = in.attention_ld != 0 ? in.attention_ld : L;
+  const float* row = in.attention + ((b * in.q_heads() + qh) * in.attention_rows + ai) * ld;
+  float sum = 0.f;
+  for (std::int64_t i = 0; i < n; ++i) sum += row[rb + i];
+  const float inv = (rb == 0) ? 1.f : 1.f / sum;  // the full row is already normalised
+  for (std::int64_t i = 0; i < n; ++i) probs[i] = row[rb + i] * inv;
+  return {};
+}
+
+// Window tokens (and TOVA's anchor) score max + 1 over the region's scored tokens of every head, as kvpress pads
+// them: they are kept whenever the budget allows.
+inline void pad_with_max_plus_one(float* scores, std::int64_t ld, std::int64_t heads, std::int64_t rb,
+                                  std::int64_t scored_end, std::int64_t re) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (std::int64_t h = 0; h < heads; ++h)
+    for (std::int64_t t = rb; t < scored_end; ++t)
+      if (!std::isnan(scores[h * ld + t])) m = std::max(m, scores[h * ld + t]);
+  const float pad = (scored_end > rb) ? m + 1.f : 1.f;
+  for (std::int64_t h = 0; h < heads; ++h)
+    for (std::int64_t t = scored_end; t < re; ++t) scores[h * ld + t] = pad;
+}
+
+// Scores of region [rb, re) of sequence b (length L) for every KV head: scores[h * ld + t].
+// tmp must hold 3 * (re - rb) floats.
+template <class S, class KeySource, class Q>
+result score_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L,
+                    std::int64_t rb, std::int64_t re, float* scores, std::int64_t ld, float* tmp) {
+  const std::int64_t heads = in.keys.heads;
+  const std::int64_t n = re - rb;
+  if constexpr (S::source == score_source::position) {
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t t = rb; t < re; ++t) scores[h * ld + t] = scorer(token_info{t, L, h, b});
+    return {};
+  } else if constexpr (S::source == score_source::keys) {
+    using T = typename KeySource::value_type;
+    for (std::int64_t h = 0; h < heads; ++h) {
+      if (in.keys.stride_dim == 1) {
+        for (std::int64_t t = rb; t < re; ++t)
+          scores[h * ld + t] = scorer(key_row<T, true>{in.keys.row(b, h, t), in.keys.head_dim, 1}, token_info{t, L, h, b});
+      } else {
+        for (std::int64_t t = rb; t < re; ++t)
+          scores[h * ld + t] = scorer(key_row<T, false>{in.keys.row(b, h, t), in.keys.head_dim, in.keys.stride_dim},
+                                      token_info{t, L, h, b});
+      }
+    }
+    return {};
+  } else {
+    const std::int64_t qheads = in.q_heads();
+    const std::int64_t group = qheads / heads;
+    const float scale = in.scale != 0.f ? in.scale : 1.f / std::sqrt(static_cast<float>(in.keys.head_dim));
+    float* probs = tmp;         // [n]
+    float* acc = tmp + n;       // [n]
+    float* pooled = tmp + 2 * n;  // [n]
+    if constexpr (S::source == score_source::window_attention) {
+      const std::int64_t w = std::min<std::int64_t>(scorer.window, n - 1);  // at least one scored key
+      if (w == 0) {  // a one-token region: nothing to attend from, the token is its own window
+        for (std::int64_t h = 0; h < heads; ++h) scores[h * ld + rb] = 1.f;
+        return {};
+      }
+      const std::int64_t m = n - w;                                        // scored keys [rb, rb + m)
+      const std::int64_t half = scorer.kernel / 2;
+      for (std::int64_t h = 0; h < heads; ++h) {
+        for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] = 0.f;
+        for (std::int64_t g = 0; g < group; ++g) {
+          const std::int64_t qh = h * group + g;
+          std::fill(acc, acc + m, 0.f);
+          for (std::int64_t p = re - w; p < re; ++p) {
+            FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, probs));
+            for (std::int64_t t = 0; t < m; ++t) acc[t] += probs[t];
+          }
+          for (std::int64_t t = 0; t < m; ++t) acc[t] /= static_cast<float>(w);
+          // avg_pool1d(kernel, stride 1, zero padding kernel/2, count_include_pad): divisor is always `kernel`.
+          for (std::int64_t t = 0; t < m; ++t) {
+            float s = 0.f;
+            for (std::int64_t j = std::max<std::int64_t>(0, t - half); j <= std::min<std::int64_t>(m - 1, t + half); ++j)
+              s += acc[j];
+            pooled[t] = s / static_cast<float>(scorer.kernel);
+          }
+          for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] += pooled[t];
+        }
+        for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] /= static_cast<float>(group);
+      }
+      pad_with_max_plus_one(scores, ld, heads, rb, rb + m, re);
+      return {};
+    } else if constexpr (S::source == score_source::last_attention) {
+      const std::int64_t m = n - 1;  // keys [rb, re - 1) are scored, the anchor is padded
+      std::fill(acc, acc + m, 0.f);
+      for (std::int64_t qh = 0; qh < qheads; ++qh) {
+        FAIRKV_TRY(attention_row(in, b, L, qh, group, re - 1, rb, scale, probs));
+        for (std::int64_t t = 0; t < m; ++t) acc[t] += probs[t];
+      }
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] = acc[t] / static_cast<float>(qheads);
+      pad_with_max_plus_one(scores, ld, heads, rb, rb + m, re);
+      return {};
+    } else if constexpr (S::source == score_source::observed_attention) {
+      const bool from_queries = in.queries.data != nullptr || in.attention != nullptr;
+      for (std::int64_t h = 0; h < heads; ++h) {
+        for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] = 0.f;
+        for (std::int64_t g = 0; g < group; ++g) {
+          const std::int64_t qh = h * group + g;
+          if (from_queries) {
+            std::fill(acc, acc + n, 0.f);
+            for (std::int64_t p = rb; p < re; ++p) {
+              FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, probs));
+              for (std::int64_t t = 0; t <= p - rb; ++t) acc[t] += probs[t];
+            }
+          } else {
+            const std::int64_t ldc = in.attention_ld != 0 ? in.attention_ld : L;
+            const float* col = in.attention_column_sums + (b * qheads + qh) * ldc;
+            for (std::int64_t t = 0; t < n; ++t) acc[t] = col[rb + t];
+          }
+          for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] += acc[t] / static_cast<float>(re - (rb + t));
+        }
+        for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] /= static_cast<float>(group);
+      }
+      return {};
+    } else {
+      static_assert(dependent_false<S>, "fairkv::cpu: unknown score_source");
+    }
+  }
+}
+
+}  // namespace fairkv::cpu::detail

@@ -1,0 +1,98 @@
+// The keep plan: for every (batch, KV head) row, the kept token indices in ascending order and their count.
+// Ascending order is what makes compaction stable and in place (row j moves from indices[j] >= j to j).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "fairkv/status.hpp"
+
+namespace fairkv {
+
+// Non-owning, caller-allocated (the shape a GPU plan writes into).
+struct keep_plan_view {
+  std::int32_t* indices = nullptr;  // [batch * heads, capacity]; row r = b * heads + h, first counts[r] valid
+  std::int32_t* counts = nullptr;   // [batch * heads]
+  std::int32_t* lengths = nullptr;  // [batch] sequence length the plan was made for
+  std::int64_t batch = 0;
+  std::int64_t heads = 0;
+  std::int64_t capacity = 0;        // >= every lengths[b]
+
+  [[nodiscard]] constexpr std::int64_t rows() const noexcept { return batch * heads; }
+  [[nodiscard]] constexpr std::int32_t* row(std::int64_t b, std::int64_t h) const noexcept {
+    return indices + (b * heads + h) * capacity;
+  }
+  [[nodiscard]] constexpr std::int32_t count(std::int64_t b, std::int64_t h) const noexcept {
+    return counts[b * heads + h];
+  }
+};
+
+// Owning host plan (the CPU oracle's convenience type).
+class keep_plan {
+ public:
+  keep_plan() = default;
+  void resize(std::int64_t batch, std::int64_t heads, std::int64_t capacity) {
+    batch_ = batch;
+    heads_ = heads;
+    capacity_ = capacity;
+    indices_.assign(static_cast<std::size_t>(batch * heads * capacity), 0);
+    counts_.assign(static_cast<std::size_t>(batch * heads), 0);
+    lengths_.assign(static_cast<std::size_t>(batch), 0);
+  }
+  [[nodiscard]] keep_plan_view view() noexcept {
+    return {indices_.data(), counts_.data(), lengths_.data(), batch_, heads_, capacity_};
+  }
+  [[nodiscard]] keep_plan_view view() const noexcept {  // compaction only reads the plan
+    return {const_cast<std::int32_t*>(indices_.data()), const_cast<std::int32_t*>(counts_.data()),
+            const_cast<std::int32_t*>(lengths_.data()), batch_, heads_, capacity_};
+  }
+  [[nodiscard]] std::int64_t batch() const noexcept { return batch_; }
+  [[nodiscard]] std::int64_t heads() const noexcept { return heads_; }
+  [[nodiscard]] std::int64_t capacity() const noexcept { return capacity_; }
+  [[nodiscard]] std::int32_t count(std::int64_t b, std::int64_t h) const noexcept {
+    return counts_[static_cast<std::size_t>(b * heads_ + h)];
+  }
+  [[nodiscard]] std::int32_t length(std::int64_t b) const noexcept { return lengths_[static_cast<std::size_t>(b)]; }
+  // Kept indices of one row, ascending.
+  [[nodiscard]] std::vector<std::int32_t> kept(std::int64_t b, std::int64_t h) const {
+    const auto* first = indices_.data() + (b * heads_ + h) * capacity_;
+    return {first, first + count(b, h)};
+  }
+
+ private:
+  std::vector<std::int32_t> indices_;  // [batch * heads, capacity]
+  std::vector<std::int32_t> counts_;   // [batch * heads]
+  std::vector<std::int32_t> lengths_;  // [batch]
+  std::int64_t batch_ = 0, heads_ = 0, capacity_ = 0;
+};
+
+// Checks what compaction relies on before it writes anything: counts within the row's length, indices strictly
+// ascending and inside [0, length).
+[[nodiscard]] inline result validate(const keep_plan_view& p, const char* name) noexcept {
+  if (p.indices == nullptr || p.counts == nullptr || p.lengths == nullptr)
+    return result::error(status::null_pointer, "%s: indices, counts and lengths must be non-null", name);
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const std::int64_t len = p.lengths[b];
+    if (len < 0 || len > p.capacity)
+      return result::error(status::invalid_plan, "%s.lengths[%lld] = %lld is outside [0, capacity %lld]", name,
+                           static_cast<long long>(b), static_cast<long long>(len),
+                           static_cast<long long>(p.capacity));
+    for (std::int64_t h = 0; h < p.heads; ++h) {
+      const std::int64_t n = p.count(b, h);
+      if (n < 0 || n > len)
+        return result::error(status::invalid_plan, "%s: count of (batch %lld, head %lld) = %lld exceeds length %lld",
+                             name, static_cast<long long>(b), static_cast<long long>(h), static_cast<long long>(n),
+                             static_cast<long long>(len));
+      const std::int32_t* r = p.row(b, h);
+      for (std::int64_t j = 0; j < n; ++j)
+        if (r[j] < 0 || r[j] >= len || (j > 0 && r[j] <= r[j - 1]))
+          return result::error(status::invalid_plan,
+                               "%s: indices of (batch %lld, head %lld) are not strictly ascending in [0, %lld) at %lld",
+                               name, static_cast<long long>(b), static_cast<long long>(h),
+                               static_cast<long long>(len), static_cast<long long>(j));
+    }
+  }
+  return {};
+}
+
+}  // namespace fairkv

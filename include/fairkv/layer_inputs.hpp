@@ -1,0 +1,45 @@
+// What a backend may read to score one layer: the cached keys, and for attention scorers either the window's
+// queries (the backend computes attention one query row at a time, never an L x L matrix) or attention the
+// engine already computed.
+#pragma once
+
+#include <cstdint>
+
+#include "fairkv/views/kv_view.hpp"
+#include "fairkv/views/paged_kv_view.hpp"
+
+namespace fairkv {
+
+template <class KeySource, class QueryT = float>
+struct layer_inputs {
+  KeySource keys{};                 // kv_view<const T> [batch, kv_heads, tokens, head_dim] or paged_side<const T>
+  kv_view<const QueryT> queries{};  // [batch, q_heads, q_tokens, head_dim]: post-RoPE queries of the LAST
+                                    // q_tokens positions of each sequence (q_tokens = tokens for segment-local
+                                    // scoring of segments that do not end the sequence)
+  const float* attention = nullptr;  // [batch, q_heads, attention_rows, attention_ld]: softmaxed causal attention
+                                     // rows of the last attention_rows queries over keys [0, tokens)
+  std::int64_t attention_rows = 0;
+  std::int64_t attention_ld = 0;     // leading dimension of `attention` and `attention_column_sums` (0 = tokens)
+  const float* attention_column_sums = nullptr;  // [batch, q_heads, attention_ld]: sum over all causal queries
+                                                 // of A[q, k] (what H2O accumulates during prefill)
+  std::int64_t query_heads = 0;      // q_heads when only attention is given (0: taken from queries)
+  float scale = 0.0f;                // softmax scale; 0 means 1 / sqrt(head_dim)
+
+  [[nodiscard]] constexpr std::int64_t q_heads() const noexcept {
+    return queries.data != nullptr ? queries.heads : query_heads;
+  }
+};
+
+template <class T>
+[[nodiscard]] constexpr layer_inputs<kv_view<const T>> keys_only(kv_view<T> keys) noexcept {
+  return {keys.as_const()};
+}
+
+template <class T, class Q>
+[[nodiscard]] constexpr layer_inputs<kv_view<const T>, Q> with_queries(kv_view<T> keys, kv_view<Q> queries) noexcept {
+  layer_inputs<kv_view<const T>, Q> in{keys.as_const()};
+  in.queries = queries.as_const();
+  return in;
+}
+
+}  // namespace fairkv

@@ -1,0 +1,103 @@
+// A non-owning view of one layer's K (or V) in engine memory: [batch, heads, tokens, head_dim] with explicit
+// strides in elements. Covers HF-style [B, H, L, D], llama.cpp-style rows [L][H*D] and transposed V
+// ([H*D][L]: stride_d = L, stride_t = 1). fairkv never copies what a view points at.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "fairkv/config.hpp"
+#include "fairkv/dtype.hpp"
+#include "fairkv/status.hpp"
+
+namespace fairkv {
+
+template <class T>
+struct kv_view {
+  static_assert(is_element_type_v<std::remove_const_t<T>>,
+                "fairkv::kv_view<T>: T must be float, fairkv::half_t or fairkv::bfloat16_t (optionally const)");
+  using element_type = T;
+  using value_type = std::remove_const_t<T>;
+
+  T* data = nullptr;       // [batch, heads, tokens, head_dim] addressed through the strides below
+  std::int64_t batch = 0;
+  std::int64_t heads = 0;
+  std::int64_t tokens = 0;
+  std::int64_t head_dim = 0;
+  std::int64_t stride_batch = 0;  // in elements
+  std::int64_t stride_head = 0;
+  std::int64_t stride_token = 0;
+  std::int64_t stride_dim = 1;
+
+  [[nodiscard]] FAIRKV_HOST_DEVICE constexpr T* row(std::int64_t b, std::int64_t h, std::int64_t t) const noexcept {
+    return data + b * stride_batch + h * stride_head + t * stride_token;
+  }
+  [[nodiscard]] FAIRKV_HOST_DEVICE constexpr std::int64_t tokens_of(std::int64_t /*b*/) const noexcept {
+    return tokens;
+  }
+  [[nodiscard]] FAIRKV_HOST_DEVICE constexpr bool rows_contiguous() const noexcept { return stride_dim == 1; }
+
+  // A view of the same memory with const elements (what scorers read).
+  [[nodiscard]] constexpr kv_view<const value_type> as_const() const noexcept {
+    return {data, batch, heads, tokens, head_dim, stride_batch, stride_head, stride_token, stride_dim};
+  }
+  constexpr operator kv_view<const value_type>() const noexcept  // NOLINT: T* -> const T* is implicit too
+    requires(!std::is_const_v<T>)
+  {
+    return as_const();
+  }
+};
+
+// [batch, heads, tokens, head_dim] densely packed, head_dim fastest (HF / kvpress layout).
+template <class T>
+[[nodiscard]] constexpr kv_view<T> make_contiguous_view(T* data, std::int64_t batch, std::int64_t heads,
+                                                        std::int64_t tokens, std::int64_t head_dim) noexcept {
+  return {data, batch, heads, tokens, head_dim, heads * tokens * head_dim, tokens * head_dim, head_dim, 1};
+}
+
+// A cache with room for `capacity` tokens per head of which `tokens` are filled: [batch, heads, capacity, head_dim].
+template <class T>
+[[nodiscard]] constexpr kv_view<T> make_capacity_view(T* data, std::int64_t batch, std::int64_t heads,
+                                                      std::int64_t tokens, std::int64_t capacity,
+                                                      std::int64_t head_dim) noexcept {
+  return {data, batch, heads, tokens, head_dim, heads * capacity * head_dim, capacity * head_dim, head_dim, 1};
+}
+
+// Checks that a view describes addressable memory: positive extents, non-negative strides, and no two
+// (head, token, dim) elements of one batch entry aliasing each other (so an in-place move cannot corrupt).
+template <class T>
+[[nodiscard]] result validate(const kv_view<T>& v, const char* name) noexcept {
+  if (v.data == nullptr) return result::error(status::null_pointer, "%s.data is null", name);
+  if (v.batch <= 0 || v.heads <= 0 || v.head_dim <= 0 || v.tokens < 0)
+    return result::error(status::invalid_shape,
+                         "%s has extents [batch %lld, heads %lld, tokens %lld, head_dim %lld]; batch, heads and "
+                         "head_dim must be positive and tokens non-negative",
+                         name, static_cast<long long>(v.batch), static_cast<long long>(v.heads),
+                         static_cast<long long>(v.tokens), static_cast<long long>(v.head_dim));
+  if (v.stride_batch < 0 || v.stride_head < 0 || v.stride_token < 0 || v.stride_dim <= 0)
+    return result::error(status::invalid_shape, "%s has a negative or zero stride", name);
+  // Aliasing check: sort the three inner (extent, stride) pairs by stride; each stride must step over the
+  // whole span of the smaller ones.
+  struct dim {
+    std::int64_t extent, stride;
+  } d[3] = {{v.heads, v.stride_head}, {v.tokens, v.stride_token}, {v.head_dim, v.stride_dim}};
+  for (int i = 0; i < 3; ++i)
+    for (int j = i + 1; j < 3; ++j)
+      if (d[j].stride < d[i].stride || (d[j].stride == d[i].stride && d[j].extent > d[i].extent)) {
+        const dim t = d[i];
+        d[i] = d[j];
+        d[j] = t;
+      }
+  std::int64_t span = 1;
+  for (const dim& x : d) {
+    if (x.extent <= 1) continue;
+    if (x.stride < span)
+      return result::error(status::invalid_shape, "%s has overlapping strides (elements alias each other)", name);
+    span = x.stride * (x.extent - 1) + span;
+  }
+  if (v.batch > 1 && v.stride_batch < span)
+    return result::error(status::invalid_shape, "%s.stride_batch overlaps the previous batch entry", name);
+  return {};
+}
+
+}  // namespace fairkv

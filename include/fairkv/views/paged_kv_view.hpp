@@ -1,0 +1,150 @@
+// A non-owning view of a paged KV cache in the FlashInfer / vLLM domain model: one page pool per K and V,
+// explicit strides, and per-sequence page tables given by indptr / indices / last_page_len.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "fairkv/config.hpp"
+#include "fairkv/dtype.hpp"
+#include "fairkv/status.hpp"
+
+namespace fairkv {
+
+enum class page_layout : std::uint8_t {
+  nhd,  // [num_pages, page_size, heads, head_dim]
+  hnd,  // [num_pages, heads, page_size, head_dim]
+};
+
+// One side (K or V) of a paged view: the accessor a scorer or a compaction loop walks.
+template <class T>
+struct paged_side {
+  using element_type = T;
+  using value_type = std::remove_const_t<T>;
+
+  T* data = nullptr;                        // page pool, layout given by the strides
+  std::int64_t num_pages = 0;
+  std::int64_t batch = 0;
+  std::int64_t heads = 0;
+  std::int64_t head_dim = 0;
+  std::int64_t page_size = 0;
+  std::int64_t stride_page = 0;             // in elements
+  std::int64_t stride_slot = 0;
+  std::int64_t stride_head = 0;
+  std::int64_t stride_dim = 1;
+  const std::int32_t* indptr = nullptr;     // [batch + 1]
+  const std::int32_t* indices = nullptr;    // [indptr[batch]]
+  const std::int32_t* last_page_len = nullptr;  // [batch]
+
+  [[nodiscard]] FAIRKV_HOST_DEVICE constexpr std::int64_t tokens_of(std::int64_t b) const noexcept {
+    const std::int64_t pages = indptr[b + 1] - indptr[b];
+    return pages == 0 ? 0 : (pages - 1) * page_size + last_page_len[b];
+  }
+  [[nodiscard]] FAIRKV_HOST_DEVICE constexpr T* row(std::int64_t b, std::int64_t h, std::int64_t t) const noexcept {
+    const std::int64_t page = indices[indptr[b] + t / page_size];
+    return data + page * stride_page + (t % page_size) * stride_slot + h * stride_head;
+  }
+  [[nodiscard]] FAIRKV_HOST_DEVICE constexpr bool rows_contiguous() const noexcept { return stride_dim == 1; }
+};
+
+template <class T>
+struct paged_kv_view {
+  static_assert(is_element_type_v<std::remove_const_t<T>>,
+                "fairkv::paged_kv_view<T>: T must be float, fairkv::half_t or fairkv::bfloat16_t");
+  using element_type = T;
+  using value_type = std::remove_const_t<T>;
+
+  T* k_data = nullptr;                      // [num_pages, page_size, heads, head_dim] (NHD) or
+  T* v_data = nullptr;                      // [num_pages, heads, page_size, head_dim] (HND); same for V
+  std::int64_t num_pages = 0;
+  std::int64_t page_size = 0;
+  std::int64_t heads = 0;
+  std::int64_t head_dim = 0;
+  std::int64_t stride_page = 0;             // in elements, shared by K and V pools
+  std::int64_t stride_slot = 0;
+  std::int64_t stride_head = 0;
+  std::int64_t stride_dim = 1;
+  std::int64_t batch = 0;
+  const std::int32_t* indptr = nullptr;         // [batch + 1] offsets of each sequence's pages in `indices`
+  const std::int32_t* indices = nullptr;        // [indptr[batch]] page ids, in token order
+  const std::int32_t* last_page_len = nullptr;  // [batch] filled slots of the last page, 1..page_size
+
+  [[nodiscard]] constexpr paged_side<T> keys() const noexcept {
+    return {k_data, num_pages, batch, heads, head_dim, page_size, stride_page, stride_slot, stride_head, stride_dim,
+            indptr, indices, last_page_len};
+  }
+  [[nodiscard]] constexpr paged_side<T> values() const noexcept {
+    return {v_data, num_pages, batch, heads, head_dim, page_size, stride_page, stride_slot, stride_head, stride_dim,
+            indptr, indices, last_page_len};
+  }
+  [[nodiscard]] FAIRKV_HOST_DEVICE constexpr std::int64_t tokens_of(std::int64_t b) const noexcept {
+    const std::int64_t pages = indptr[b + 1] - indptr[b];
+    return pages == 0 ? 0 : (pages - 1) * page_size + last_page_len[b];
+  }
+};
+
+// Densely packed pools in the given layout.
+template <class T>
+[[nodiscard]] constexpr paged_kv_view<T> make_paged_view(page_layout layout, T* k_data, T* v_data,
+                                                         std::int64_t num_pages, std::int64_t page_size,
+                                                         std::int64_t heads, std::int64_t head_dim,
+                                                         std::int64_t batch, const std::int32_t* indptr,
+                                                         const std::int32_t* indices,
+                                                         const std::int32_t* last_page_len) noexcept {
+  paged_kv_view<T> v{k_data, v_data, num_pages, page_size, heads, head_dim, page_size * heads * head_dim,
+                     0, 0, 1, batch, indptr, indices, last_page_len};
+  if (layout == page_layout::nhd) {
+    v.stride_slot = heads * head_dim;
+    v.stride_head = head_dim;
+  } else {
+    v.stride_head = page_size * head_dim;
+    v.stride_slot = head_dim;
+  }
+  return v;
+}
+
+// Host-side validation of one side's page tables: they are read before anything is written.
+template <class T>
+[[nodiscard]] result validate(const paged_side<T>& v, const char* name) noexcept {
+  if (v.data == nullptr) return result::error(status::null_pointer, "%s.data is null", name);
+  if (v.indptr == nullptr || v.indices == nullptr || v.last_page_len == nullptr)
+    return result::error(status::null_pointer, "%s: indptr, indices and last_page_len must all be non-null", name);
+  if (v.batch <= 0 || v.num_pages <= 0 || v.page_size <= 0 || v.heads <= 0 || v.head_dim <= 0)
+    return result::error(status::invalid_shape,
+                         "%s: batch, num_pages, page_size, heads and head_dim must be positive", name);
+  if (v.stride_page <= 0 || v.stride_slot <= 0 || v.stride_head <= 0 || v.stride_dim <= 0)
+    return result::error(status::invalid_shape, "%s: strides must be positive", name);
+  if (v.indptr[0] != 0) return result::error(status::invalid_shape, "%s.indptr[0] must be 0", name);
+  for (std::int64_t b = 0; b < v.batch; ++b) {
+    if (v.indptr[b + 1] < v.indptr[b])
+      return result::error(status::invalid_shape, "%s.indptr decreases at %lld", name, static_cast<long long>(b));
+    const std::int64_t pages = v.indptr[b + 1] - v.indptr[b];
+    if (pages > 0 && (v.last_page_len[b] < 1 || v.last_page_len[b] > v.page_size))
+      return result::error(status::invalid_shape, "%s.last_page_len[%lld] = %d is outside [1, page_size %lld]",
+                           name, static_cast<long long>(b), v.last_page_len[b], static_cast<long long>(v.page_size));
+  }
+  for (std::int64_t i = 0; i < v.indptr[v.batch]; ++i)
+    if (v.indices[i] < 0 || v.indices[i] >= v.num_pages)
+      return result::error(status::out_of_range, "%s.indices[%lld] = %d is outside [0, num_pages %lld)", name,
+                           static_cast<long long>(i), v.indices[i], static_cast<long long>(v.num_pages));
+  return {};
+}
+
+template <class T>
+[[nodiscard]] result validate(const paged_kv_view<T>& v, const char* name) noexcept {
+  if (v.v_data == nullptr) return result::error(status::null_pointer, "%s.v_data is null", name);
+  if (v.k_data == nullptr) return result::error(status::null_pointer, "%s.k_data is null", name);
+  FAIRKV_TRY(validate(v.keys(), name));
+  const std::int64_t nnz = v.indptr[v.batch];
+  // A page listed twice (or shared by two sequences, as prefix caching does) would make the in-place compaction
+  // of one sequence overwrite another's tokens. O(nnz^2) on purpose: no allocation, and page tables of one
+  // layer are small next to the pages they describe.
+  for (std::int64_t i = 0; i < nnz; ++i)
+    for (std::int64_t j = i + 1; j < nnz; ++j)
+      if (v.indices[i] == v.indices[j])
+        return result::error(status::invalid_shape, "%s.indices lists page %d twice (positions %lld and %lld)",
+                             name, v.indices[i], static_cast<long long>(i), static_cast<long long>(j));
+  return {};
+}
+
+}  // namespace fairkv
