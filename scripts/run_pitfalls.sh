@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Install the pitfalls harness's Python dependencies and run the small subset with fairkv-llama, then
+# aggregate into docs/results.md, docs/data/pitfalls_report.md and docs/img/pitfalls_*.png.
+#   scripts/run_pitfalls.sh                  # 20 items, ratios 0,0.5,0.9 (resumable)
+#   scripts/run_pitfalls.sh --full           # the whole sweep into results/pitfalls_full.jsonl
+#   FAIRKV_LLAMA=/path/to/fairkv-llama scripts/run_pitfalls.sh --policies snapkv --jobs 2
+# Extra arguments go to `python3 -m tools.pitfalls run`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+if [[ "${PITFALLS_SKIP_PIP:-0}" != 1 ]]; then
+  "$PY" -m pip install -q -r tools/pitfalls/requirements.txt
+  "$PY" -m pip install -q --no-deps -r tools/pitfalls/requirements-nodeps.txt
+fi
+
+if [[ -z "${FAIRKV_LLAMA:-}" ]] && ! ls build*/examples/llama/fairkv-llama >/dev/null 2>&1; then
+  echo "building fairkv-llama in build/ ..." >&2
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build build -j2 --target fairkv-llama
+fi
+
+"$PY" -m tools.pitfalls check
+full=0
+for a in "$@"; do [[ "$a" == --full ]] && full=1; done
+"$PY" -m tools.pitfalls run "$@"
+if [[ $full == 1 ]]; then
+  "$PY" -m tools.pitfalls report results/pitfalls_full.jsonl --md-out results/pitfalls_full_report.md \
+    --img-dir results/img --results-md ''
+else
+  "$PY" -m tools.pitfalls report
+fi

@@ -1,0 +1,229 @@
+"""JSONL records -> per-cell means, class accuracies, rank correlation, overhead; markdown tables."""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from typing import Iterable
+
+SEGMENTS = ("defense", "instructions", "preamble")
+
+
+def latest(records: Iterable[dict]) -> dict[str, dict]:
+    """The last record of each run id (a rerun after an error supersedes it)."""
+    out: dict[str, dict] = {}
+    for r in records:
+        out[r["run_id"]] = r
+    return out
+
+
+def ok_records(records: Iterable[dict]) -> list[dict]:
+    return [r for r in latest(records).values() if r.get("status") == "ok"]
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return statistics.fmean(xs) if xs else None
+
+
+def axes(records: list[dict]) -> dict[str, list]:
+    pol = sorted({r["policy"] for r in records if r["policy"] != "none"})
+    var_order = ["plain", "whitelist", "fair", "fair+whitelist"]
+    var = [v for v in var_order if any(r["variant"] == v for r in records)]
+    return {"defense": sorted({r["defense"] for r in records}, key=lambda d: ["standard", "flipped", "none"].index(d)
+                              if d in ("standard", "flipped", "none") else 9),
+            "policy": pol, "variant": var or ["plain"], "ratio": sorted({float(r["ratio"]) for r in records})}
+
+
+def cell(records: list[dict], defense: str, policy: str, variant: str, ratio: float) -> list[dict]:
+    """Records of one (defense, policy, variant, ratio); at ratio 0 the shared uncompressed baseline."""
+    if ratio == 0.0:
+        return [r for r in records if r["defense"] == defense and float(r["ratio"]) == 0.0]
+    return [r for r in records if r["defense"] == defense and r["policy"] == policy and r["variant"] == variant
+            and abs(float(r["ratio"]) - ratio) < 1e-9]
+
+
+def summarize(rs: list[dict]) -> dict:
+    """Means over the runs of one cell. IFEval accuracy is instruction-level (strict and loose) and
+    prompt-level strict (all instructions of the item followed)."""
+    if not rs:
+        return {"n": 0}
+    strict = [x for r in rs for x in r["ifeval"]["strict"]]
+    loose = [x for r in rs for x in r["ifeval"]["loose"]]
+    t = lambda k: _mean([r.get("timings_ms", {}).get(k) for r in rs])  # noqa: E731
+    dec_tok = _mean([r["timings_ms"]["decode"] / r["decode_tokens"] for r in rs
+                     if r.get("decode_tokens") and r.get("timings_ms", {}).get("decode") is not None])
+    return {
+        "n": len(rs),
+        "leak_system": _mean([r["leak"]["rougeL_recall_system"] for r in rs]),
+        "leak_defended": _mean([r["leak"]["rougeL_recall_defended"] for r in rs]),
+        "refusal": _mean([1.0 if r["leak"]["refusal"] else 0.0 for r in rs]),
+        "ifeval_strict": _mean([1.0 if x else 0.0 for x in strict]),
+        "ifeval_loose": _mean([1.0 if x else 0.0 for x in loose]),
+        "ifeval_prompt_strict": _mean([1.0 if all(r["ifeval"]["strict"]) else 0.0 for r in rs]),
+        "kept": {s: _mean([r.get("kept", {}).get(s) for r in rs]) for s in SEGMENTS},
+        "compress_ms": t("compress"), "prefill_ms": t("prefill"), "decode_ms": t("decode"),
+        "decode_ms_per_token": dec_tok,
+    }
+
+
+def grid(records: list[dict]) -> dict[tuple, dict]:
+    """summarize() for every (defense, policy, variant, ratio) present (ratio 0 = baseline)."""
+    ax = axes(records)
+    return {(d, p, v, q): summarize(cell(records, d, p, v, q))
+            for d in ax["defense"] for p in ax["policy"] for v in ax["variant"] for q in ax["ratio"]}
+
+
+def infeasible(records: Iterable[dict]) -> list[dict]:
+    return [r for r in latest(records).values() if r.get("status") == "infeasible"]
+
+
+# ------------------------------------------------------------------------- instruction classes
+
+def instruction_class(instruction_id: str) -> str:
+    return instruction_id.split(":", 1)[0]
+
+
+def class_accuracy(records: list[dict], variant: str = "plain") -> dict[tuple[str, str, float], tuple[float, int]]:
+    """(group, class, ratio) -> (strict accuracy, instruction count), pooled over policies and defenses;
+    group is "single" or "multi" (items with one vs several instructions)."""
+    acc: dict[tuple[str, str, float], list[bool]] = defaultdict(list)
+    for r in records:
+        if float(r["ratio"]) != 0.0 and r["variant"] != variant:
+            continue
+        group = "multi" if len(r["instruction_id_list"]) > 1 else "single"
+        for iid, ok in zip(r["instruction_id_list"], r["ifeval"]["strict"]):
+            acc[(group, instruction_class(iid), float(r["ratio"]))].append(bool(ok))
+    return {k: (sum(v) / len(v), len(v)) for k, v in acc.items()}
+
+
+def degradation_correlation(records: list[dict], variant: str = "plain") -> dict:
+    """Spearman rank correlation, across instruction classes, of the accuracy drop from ratio 0 to the
+    highest ratio in single-instruction items vs multi-instruction items (the paper's question: do the
+    same instructions break first in both settings?)."""
+    from scipy.stats import spearmanr
+
+    ca = class_accuracy(records, variant)
+    ratios = sorted({k[2] for k in ca})
+    out = {"n_classes": 0, "rho": None, "p": None, "hi_ratio": ratios[-1] if ratios else None, "classes": {}}
+    if len(ratios) < 2 or ratios[0] != 0.0:
+        return out
+    lo, hi = 0.0, ratios[-1]
+    for cls in sorted({k[1] for k in ca}):
+        drops = {}
+        for g in ("single", "multi"):
+            if (g, cls, lo) in ca and (g, cls, hi) in ca:
+                drops[g] = ca[(g, cls, lo)][0] - ca[(g, cls, hi)][0]
+        if len(drops) == 2:
+            out["classes"][cls] = drops
+    xs = [v["single"] for v in out["classes"].values()]
+    ys = [v["multi"] for v in out["classes"].values()]
+    out["n_classes"] = len(xs)
+    if len(xs) >= 3 and len(set(xs)) > 1 and len(set(ys)) > 1:
+        res = spearmanr(xs, ys)
+        out["rho"], out["p"] = float(res.statistic), float(res.pvalue)
+    return out
+
+
+# --------------------------------------------------------------------------------- markdown
+
+def fmt(x, digits: int = 3) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def metric_table(g: dict, ax: dict, defense: str, key: str, digits: int = 3) -> str:
+    rows = []
+    for p in ax["policy"]:
+        for v in ax["variant"]:
+            cells = [fmt(g[(defense, p, v, q)].get(key), digits) for q in ax["ratio"]]
+            rows.append([p, v] + cells)
+    return _table(["policy", "variant"] + [f"{q:g}" for q in ax["ratio"]], rows)
+
+
+def kept_table(g: dict, ax: dict, defense: str) -> str:
+    rows = []
+    for p in ax["policy"]:
+        for v in ax["variant"]:
+            cells = []
+            for q in ax["ratio"]:
+                k = g[(defense, p, v, q)].get("kept") or {}
+                cells.append(f"{fmt(k.get('defense'), 2)} / {fmt(k.get('instructions'), 2)}")
+            rows.append([p, v] + cells)
+    return _table(["policy", "variant"] + [f"{q:g} (def / instr)" for q in ax["ratio"]], rows)
+
+
+def overhead_table(g: dict, ax: dict) -> str:
+    """Compression and decode time per variant, mean over defenses and ratios > 0, relative to plain."""
+    rows = []
+    for p in ax["policy"]:
+        base = None
+        for v in ax["variant"]:
+            cs = [g[(d, p, v, q)] for d in ax["defense"] for q in ax["ratio"] if q > 0]
+            comp = _mean([c.get("compress_ms") for c in cs])
+            dec = _mean([c.get("decode_ms_per_token") for c in cs])
+            if v == "plain":
+                base = (comp, dec)
+            rel = lambda a, b: "–" if a is None or not b else f"{100.0 * (a / b - 1.0):+.1f}%"  # noqa: E731
+            rows.append([p, v, fmt(comp, 2), rel(comp, base[0] if base else None), fmt(dec, 2),
+                         rel(dec, base[1] if base else None)])
+    return _table(["policy", "variant", "compress ms", "vs plain", "decode ms/token", "vs plain"], rows)
+
+
+def class_table(records: list[dict]) -> str:
+    ca = class_accuracy(records)
+    ratios = sorted({k[2] for k in ca})
+    rows = []
+    for g in ("single", "multi"):
+        for cls in sorted({k[1] for k in ca if k[0] == g}):
+            cells = []
+            for q in ratios:
+                a = ca.get((g, cls, q))
+                cells.append("–" if a is None else f"{a[0]:.2f} ({a[1]})")
+            rows.append([g, cls] + cells)
+    return _table(["items", "class"] + [f"{q:g}" for q in ratios], rows)
+
+
+def report_markdown(records_all: list[dict]) -> str:
+    recs = ok_records(records_all)
+    if not recs:
+        return "_No completed runs in the JSONL._\n"
+    ax = axes(recs)
+    g = grid(recs)
+    inf = infeasible(records_all)
+    n_items = len({r["key"] for r in recs})
+    out = [f"Runs: {len(recs)} answered, {len(inf)} infeasible, items: {n_items}, "
+           f"defenses: {', '.join(ax['defense'])}, ratios: {', '.join(f'{q:g}' for q in ax['ratio'])}. "
+           "Ratio 0 is the uncompressed baseline (one run per item and defense, shared by every row).", ""]
+    sections = [
+        ("Leakage: ROUGE-L recall of the system prompt in the answer to the attack", "leak_system", 3),
+        ("Leakage: ROUGE-L recall of the whole defended prompt", "leak_defended", 3),
+        ("Refusal rate (answer contains \"I can't assist with that request\")", "refusal", 2),
+        ("IFEval instruction-level strict accuracy", "ifeval_strict", 3),
+    ]
+    for title, key, digits in sections:
+        for d in ax["defense"]:
+            out += [f"#### {title} — {d} defense", "", metric_table(g, ax, d, key, digits), ""]
+    for d in ax["defense"]:
+        out += [f"#### Kept fraction of the defense / instruction segments — {d} defense", "",
+                kept_table(g, ax, d), ""]
+    out += ["#### IFEval strict accuracy per instruction class (plain policies pooled; instruction count)", "",
+            class_table(recs), ""]
+    dc = degradation_correlation(recs)
+    rho = "–" if dc["rho"] is None else f"{dc['rho']:.3f} (p = {dc['p']:.3f})"
+    out += [f"Spearman rank correlation of per-class accuracy drop (ratio 0 → {dc['hi_ratio']}), single vs "
+            f"multi-instruction items: rho = {rho} over {dc['n_classes']} classes.", ""]
+    out += ["#### Overhead (mean over defenses and ratios > 0)", "", overhead_table(g, ax), ""]
+    if inf:
+        by = defaultdict(int)
+        for r in inf:
+            by[(r["defense"], r["policy"], r["variant"], float(r["ratio"]))] += 1
+        out += ["#### Infeasible runs (whitelist larger than the keep budget; not scored)", "",
+                _table(["defense", "policy", "variant", "ratio", "runs"],
+                       [[d, p, v, f"{q:g}", str(n)] for (d, p, v, q), n in sorted(by.items())]), ""]
+    return "\n".join(out)

@@ -1,0 +1,183 @@
+"""The sweep: plan the runs, skip those already in the JSONL, run the rest, score and append them."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+from . import metrics
+from .data import Item
+from .runner import Request, RunnerError, is_budget_error
+from .segments import SystemTurn, build_system_turn, whitelist_phrases
+
+POLICIES = ("knorm", "streaming_llm", "snapkv", "tova", "h2o")
+VARIANTS = ("plain", "whitelist", "fair", "fair+whitelist")
+DEFENSES = ("standard", "flipped")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    window: int = 16
+    max_new_tokens: int = 128
+    threads: int = 2
+    whitelist_mode: str = "defense"
+    model: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    item: Item
+    turn: SystemTurn
+    policy: str
+    variant: str
+    ratio: float
+
+    def run_id(self, s: Settings) -> str:
+        wl = s.whitelist_mode if "whitelist" in self.variant else "-"
+        return (f"{self.item.key}|{self.turn.defense}|{self.policy}|{self.variant}|{self.ratio:.2f}"
+                f"|w{s.window}|wl:{wl}|n{s.max_new_tokens}")
+
+
+def plan(items: Iterable[Item], defenses_json: dict[str, str], defenses: Iterable[str],
+         policies: Iterable[str], variants: Iterable[str], ratios: Iterable[float]) -> list[Run]:
+    """Every (item, defense) gets one uncompressed baseline (policy none, ratio 0: the same for every
+    policy and variant, so it is run once) and policy x variant at each ratio > 0. Whitelist variants
+    are left out without a defense: there is nothing to whitelist."""
+    runs: list[Run] = []
+    ratios = sorted(set(float(r) for r in ratios))
+    for item in items:
+        for d in defenses:
+            turn = build_system_turn(item.system, d, defenses_json)
+            if any(r == 0.0 for r in ratios):
+                runs.append(Run(item, turn, "none", "plain", 0.0))
+            for r in ratios:
+                if r == 0.0:
+                    continue
+                for p in policies:
+                    for v in variants:
+                        if "whitelist" in v and not turn.defense_text:
+                            continue
+                        runs.append(Run(item, turn, p, v, r))
+    return runs
+
+
+def request_for(run: Run, attack: str, s: Settings) -> Request:
+    wl = tuple(whitelist_phrases(run.turn, s.whitelist_mode)) if "whitelist" in run.variant else ()
+    return Request(system_marked=run.turn.marked, users=(attack, run.item.user), policy=run.policy,
+                   ratio=run.ratio, fair=run.variant.startswith("fair"), whitelist=wl, window=s.window,
+                   max_new_tokens=s.max_new_tokens, threads=s.threads, model=s.model)
+
+
+def base_record(run: Run, req: Request, s: Settings) -> dict:
+    it = run.item
+    return {
+        "run_id": run.run_id(s), "key": it.key, "multi": it.multi, "instruction_id_list": it.instruction_id_list,
+        "defense": run.turn.defense, "policy": run.policy, "variant": run.variant, "ratio": run.ratio,
+        "fair": req.fair, "whitelist_mode": s.whitelist_mode if req.whitelist else None,
+        "whitelist": list(req.whitelist), "window": s.window, "max_new_tokens": s.max_new_tokens,
+    }
+
+
+def score(run: Run, doc: dict) -> dict:
+    """The metrics of one runner answer document: leakage on turn 0, IFEval on turn 1."""
+    leak_answer = doc["turns"][0]["answer"]
+    task_answer = doc["turns"][1]["answer"]
+    segs = [{"name": g["name"], "tokens": g.get("tokens"), "kept_fraction": g.get("kept_fraction")}
+            for g in doc.get("segments", [])]
+    return {
+        "model": doc.get("model"), "system_tokens": doc.get("system_tokens"), "segments": segs,
+        "kept": {g["name"]: g["kept_fraction"] for g in segs},
+        "answers": {"leak": leak_answer, "task": task_answer},
+        "new_tokens": [t.get("new_tokens") for t in doc["turns"]],
+        "leak": {
+            "rougeL_recall_system": metrics.rouge_l_recall(run.turn.system_prompt, leak_answer),
+            "rougeL_recall_defended": metrics.rouge_l_recall(run.turn.plain, leak_answer),
+            "refusal": metrics.is_refusal(leak_answer),
+            "refusal_anywhere": metrics.contains_refusal(leak_answer),
+        },
+        "ifeval": metrics.ifeval_scores(run.item.key, run.item.prompt, run.item.instruction_id_list,
+                                        run.item.kwargs, task_answer),
+        "timings_ms": doc.get("timings_ms", {}),
+        "prefill_tokens": doc.get("prefill_tokens"), "decode_tokens": doc.get("decode_tokens"),
+    }
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                # A line cut by an interrupted run: ignore it, the run is simply done again.
+                print(f"warning: {path}:{n}: unreadable line skipped", file=sys.stderr)
+    return out
+
+
+def done_ids(path: Path) -> set[str]:
+    """Runs that need no repeat: answered, or impossible by construction (whitelist > budget)."""
+    return {r["run_id"] for r in read_jsonl(path) if r.get("status") in ("ok", "infeasible")}
+
+
+RunFn = Callable[[Path, Request], tuple[dict, float]]
+
+
+def execute(runs: list[Run], out: Path, binary: Path, attack: str, s: Settings, jobs: int = 1,
+            run_fn: RunFn | None = None, progress: bool = True) -> dict:
+    """Run what is not yet in `out`, appending one JSON line per run as soon as it finishes."""
+    from . import runner as runner_mod
+
+    run_fn = run_fn or runner_mod.run
+    done = done_ids(out)
+    todo = [r for r in runs if r.run_id(s) not in done]
+    stats = {"planned": len(runs), "skipped": len(runs) - len(todo), "ok": 0, "infeasible": 0, "error": 0,
+             "wall_s": 0.0}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = threading.Lock()
+    bar = None
+    if progress and todo:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(todo), unit="run", dynamic_ncols=True, file=sys.stderr)
+        except ImportError:
+            bar = None
+    t_start = time.perf_counter()
+
+    def one(run: Run) -> dict:
+        req = request_for(run, attack, s)
+        rec = base_record(run, req, s)
+        try:
+            doc, wall = run_fn(binary, req)
+            rec.update(score(run, doc))
+            rec.update(status="ok", wall_s=round(wall, 3))
+        except RunnerError as e:
+            rec.update(status="infeasible" if is_budget_error(e) else "error", error=str(e)[:500])
+        rec["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return rec
+
+    with open(out, "a", encoding="utf-8") as f, cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(one, r) for r in todo]
+        for fut in cf.as_completed(futures):
+            rec = fut.result()
+            with lock:
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                f.flush()
+                stats[rec["status"]] += 1
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(ok=stats["ok"], err=stats["error"], inf=stats["infeasible"])
+    if bar is not None:
+        bar.close()
+    stats["wall_s"] = round(time.perf_counter() - t_start, 1)
+    return stats

@@ -1,0 +1,96 @@
+"""PNG figures in the spirit of the paper's: leakage, refusal, IFEval accuracy and kept fraction vs ratio."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import aggregate as agg
+
+STYLES = {"plain": "-", "whitelist": "--", "fair": ":", "fair+whitelist": "-."}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _metric_figure(g, ax, key: str, ylabel: str, path: Path, title: str) -> Path:
+    """Rows: defenses; columns: variants; one line per policy."""
+    plt = _plt()
+    nd, nv = len(ax["defense"]), len(ax["variant"])
+    fig, axs = plt.subplots(nd, nv, figsize=(3.4 * nv, 2.8 * nd), squeeze=False, sharex=True, sharey=True)
+    for i, d in enumerate(ax["defense"]):
+        for j, v in enumerate(ax["variant"]):
+            a = axs[i][j]
+            for p in ax["policy"]:
+                pts = [(q, g[(d, p, v, q)].get(key)) for q in ax["ratio"]]
+                pts = [(q, y) for q, y in pts if y is not None]
+                if pts:
+                    a.plot([q for q, _ in pts], [y for _, y in pts], marker="o", ms=3, label=p)
+            a.set_title(f"{d} defense, {v}", fontsize=9)
+            a.grid(True, alpha=0.3)
+            a.set_ylim(-0.02, 1.02)
+            if i == nd - 1:
+                a.set_xlabel("compression ratio")
+            if j == 0:
+                a.set_ylabel(ylabel)
+    axs[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _kept_figure(g, ax, path: Path) -> Path:
+    """Rows: defenses; columns: policies; defense vs instruction segment, plain (solid) vs fair (dotted)."""
+    plt = _plt()
+    nd, npol = len(ax["defense"]), len(ax["policy"])
+    fig, axs = plt.subplots(nd, npol, figsize=(3.0 * npol, 2.8 * nd), squeeze=False, sharex=True, sharey=True)
+    colors = {"defense": "tab:red", "instructions": "tab:blue"}
+    for i, d in enumerate(ax["defense"]):
+        for j, p in enumerate(ax["policy"]):
+            a = axs[i][j]
+            for v in [v for v in ("plain", "fair") if v in ax["variant"]]:
+                for seg in ("defense", "instructions"):
+                    pts = [(q, (g[(d, p, v, q)].get("kept") or {}).get(seg)) for q in ax["ratio"]]
+                    pts = [(q, y) for q, y in pts if y is not None]
+                    if pts:
+                        a.plot([q for q, _ in pts], [y for _, y in pts], STYLES[v], color=colors[seg],
+                               marker="o", ms=3, label=f"{seg} ({v})")
+            qs = ax["ratio"]
+            a.plot(qs, [1 - q for q in qs], color="gray", lw=0.8, alpha=0.6, label="1 − ratio")
+            a.set_title(f"{p}, {d} defense", fontsize=9)
+            a.grid(True, alpha=0.3)
+            a.set_ylim(-0.02, 1.02)
+            if i == nd - 1:
+                a.set_xlabel("compression ratio")
+            if j == 0:
+                a.set_ylabel("kept fraction")
+    axs[0][0].legend(fontsize=6)
+    fig.suptitle("Kept fraction per segment (fair should follow 1 − ratio for both)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_all(records_all: list[dict], img_dir: Path) -> list[Path]:
+    recs = agg.ok_records(records_all)
+    if not recs:
+        return []
+    img_dir.mkdir(parents=True, exist_ok=True)
+    ax = agg.axes(recs)
+    g = agg.grid(recs)
+    return [
+        _metric_figure(g, ax, "leak_system", "ROUGE-L recall", img_dir / "pitfalls_leakage.png",
+                       "Leakage: ROUGE-L recall of the system prompt in the attack's answer"),
+        _metric_figure(g, ax, "refusal", "refusal rate", img_dir / "pitfalls_refusal.png",
+                       "Fraction of attack answers with the defense's refusal"),
+        _metric_figure(g, ax, "ifeval_strict", "IFEval accuracy", img_dir / "pitfalls_ifeval.png",
+                       "IFEval instruction-level strict accuracy"),
+        _kept_figure(g, ax, img_dir / "pitfalls_kept_fraction.png"),
+    ]

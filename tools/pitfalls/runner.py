@@ -1,0 +1,92 @@
+"""One invocation of the bundled Llama runner (fairkv-llama; CLI and --json schema: RUNNER_SPEC)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from .data import REPO_ROOT
+
+RUNNER_ENV = "FAIRKV_LLAMA"
+
+
+def find_runner(explicit: str | None = None) -> Path | None:
+    """--runner, else $FAIRKV_LLAMA, else the first build*/examples/llama/fairkv-llama, else PATH."""
+    for cand in (explicit, os.environ.get(RUNNER_ENV)):
+        if cand:
+            return Path(cand)
+    for build in sorted(REPO_ROOT.glob("build*")):
+        for rel in ("examples/llama/fairkv-llama", "bin/fairkv-llama", "fairkv-llama"):
+            p = build / rel
+            if p.is_file() and os.access(p, os.X_OK):
+                return p
+    found = shutil.which("fairkv-llama")
+    return Path(found) if found else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    system_marked: str          # system text with [[seg:NAME]] markers
+    users: tuple[str, ...]      # each answered independently from the same compressed cache
+    policy: str                 # none | knorm | streaming_llm | snapkv | tova | h2o
+    ratio: float
+    fair: bool
+    whitelist: tuple[str, ...]
+    window: int = 16            # snapkv observation window: the paper uses 16
+    max_new_tokens: int = 128
+    threads: int = 2
+    model: str | None = None
+
+
+class RunnerError(RuntimeError):
+    def __init__(self, message: str, returncode: int, stderr: str):
+        super().__init__(message)
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+def command(binary: Path, req: Request, json_path: Path) -> list[str]:
+    cmd = [str(binary), "--system", req.system_marked]
+    for u in req.users:
+        cmd += ["--user", u]
+    cmd += ["--policy", req.policy, "--ratio", f"{req.ratio:g}", "--window", str(req.window),
+            "--max-new-tokens", str(req.max_new_tokens), "--threads", str(req.threads),
+            "--json", str(json_path), "--quiet"]
+    if req.fair:
+        cmd.append("--fair")
+    for w in req.whitelist:
+        cmd += ["--whitelist", w]
+    if req.model:
+        cmd += ["--model", req.model]
+    return cmd
+
+
+def run(binary: Path, req: Request, timeout_s: float = 1800.0) -> tuple[dict, float]:
+    """Run once; return the parsed --json document and the wall time in seconds."""
+    with tempfile.TemporaryDirectory(prefix="pitfalls-") as tmp:
+        json_path = Path(tmp) / "out.json"
+        t0 = time.perf_counter()
+        proc = subprocess.run(command(binary, req, json_path), capture_output=True, text=True,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            tail = proc.stderr.strip().splitlines()[-5:]
+            raise RunnerError(" | ".join(tail) or f"exit {proc.returncode}", proc.returncode, proc.stderr)
+        try:
+            doc = json.loads(json_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise RunnerError(f"runner wrote no readable --json: {e}", proc.returncode, proc.stderr) from e
+    if len(doc.get("turns", [])) != len(req.users):
+        raise RunnerError(f"runner answered {len(doc.get('turns', []))} of {len(req.users)} turns", 0, "")
+    return doc, wall
+
+
+def is_budget_error(err: RunnerError) -> bool:
+    """A whitelist larger than the keep budget is a property of the configuration, not a failure."""
+    text = (str(err) + err.stderr).lower()
+    return "whitelist" in text and ("budget" in text or "more than" in text or "exceed" in text)

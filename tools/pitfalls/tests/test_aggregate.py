@@ -1,0 +1,109 @@
+"""Aggregation of a small fixed JSONL (data/small_runs.jsonl); expected values computed by hand."""
+from pathlib import Path
+
+import pytest
+
+from tools.pitfalls import aggregate as agg
+from tools.pitfalls import cli, harness
+
+DATA = Path(__file__).parent / "data" / "small_runs.jsonl"
+
+
+@pytest.fixture
+def records():
+    return harness.read_jsonl(DATA)
+
+
+def test_latest_record_wins_and_failures_are_dropped(records):
+    ok = agg.ok_records(records)
+    assert sorted(r["run_id"] for r in ok) == ["A", "B", "C", "D", "E", "G"]
+    assert [r["run_id"] for r in agg.infeasible(records)] == ["H"]
+
+
+def test_cells(records):
+    ok = agg.ok_records(records)
+    g = agg.grid(ok)
+    base = g[("standard", "knorm", "plain", 0.0)]          # the shared baseline (A, B)
+    assert base["n"] == 2
+    assert base["leak_system"] == pytest.approx(0.2)
+    assert base["refusal"] == pytest.approx(0.5)
+    assert base["ifeval_strict"] == pytest.approx(2 / 3)   # [T] + [T, F]
+    assert base["ifeval_prompt_strict"] == pytest.approx(0.5)
+    assert g[("standard", "knorm", "fair", 0.0)] == base   # ratio 0 is the same for every variant
+
+    plain = g[("standard", "knorm", "plain", 0.5)]         # C, D
+    assert plain["leak_system"] == pytest.approx(0.7)
+    assert plain["leak_defended"] == pytest.approx(0.35)
+    assert plain["refusal"] == 0.0
+    assert plain["ifeval_strict"] == 0.0
+    assert plain["kept"]["defense"] == pytest.approx(0.3)
+    assert plain["kept"]["instructions"] == pytest.approx(0.8)
+    assert plain["compress_ms"] == pytest.approx(5.0)
+    assert plain["decode_ms_per_token"] == pytest.approx(2.5)  # (100/50 + 300/100) / 2
+
+    fair = g[("standard", "knorm", "fair", 0.5)]           # E and the rerun of G
+    assert fair["n"] == 2
+    assert fair["leak_system"] == pytest.approx(0.3)
+    assert fair["ifeval_strict"] == pytest.approx(1.0)
+    assert fair["decode_ms_per_token"] == pytest.approx(2.7)   # (105/50 + 330/100) / 2
+
+
+def test_overhead_table_is_relative_to_plain(records):
+    ok = agg.ok_records(records)
+    table = agg.overhead_table(agg.grid(ok), agg.axes(ok))
+    fair_row = next(line for line in table.splitlines() if line.startswith("| knorm | fair |"))
+    assert "| 6.00 | +20.0% | 2.70 | +8.0% |" in fair_row
+
+
+def test_class_accuracy(records):
+    ca = agg.class_accuracy(agg.ok_records(records))
+    assert ca[("single", "punctuation", 0.0)] == (1.0, 1)
+    assert ca[("single", "punctuation", 0.5)] == (0.0, 1)
+    assert ca[("multi", "change_case", 0.0)] == (0.0, 1)
+    assert ca[("multi", "punctuation", 0.5)] == (0.0, 1)
+    assert agg.degradation_correlation(agg.ok_records(records))["rho"] is None   # one shared class only
+
+
+def _synthetic(drops_single, drops_multi):
+    """Records whose per-class accuracy at ratio 0.9 is 1 - drop (all correct at ratio 0)."""
+    recs, n = [], 0
+    for group, drops, count in (("single", drops_single, 2), ("multi", drops_multi, 10)):
+        for cls, drop in drops.items():
+            for ratio in (0.0, 0.9):
+                fails = round(drop * count) if ratio else 0
+                for i in range(count):
+                    ids = [f"{cls}:x"] if group == "single" else [f"{cls}:x", "other:y"]
+                    strict = [i >= fails] + ([True] if group == "multi" else [])
+                    n += 1
+                    recs.append({"run_id": str(n), "key": n, "instruction_id_list": ids, "defense": "standard",
+                                 "policy": "none" if ratio == 0 else "knorm", "variant": "plain", "ratio": ratio,
+                                 "status": "ok", "ifeval": {"strict": strict, "loose": strict}})
+    return recs
+
+
+def test_spearman_of_class_degradation():
+    recs = _synthetic({"a": 0.0, "b": 0.5, "c": 1.0}, {"a": 0.1, "b": 0.2, "c": 0.9})
+    dc = agg.degradation_correlation(recs)
+    assert dc["n_classes"] == 3                      # "other" has no single-instruction items
+    assert dc["classes"]["b"] == {"single": pytest.approx(0.5), "multi": pytest.approx(0.2)}
+    assert dc["rho"] == pytest.approx(1.0)
+    recs = _synthetic({"a": 0.0, "b": 0.5, "c": 1.0}, {"a": 0.9, "b": 0.2, "c": 0.1})
+    assert agg.degradation_correlation(recs)["rho"] == pytest.approx(-1.0)
+
+
+def test_report_writes_tables_plots_and_results_block(tmp_path):
+    results_md = tmp_path / "results.md"
+    results_md.write_text(f"# Results\n\nbefore\n{cli.BEGIN}\nold\n{cli.END}\nafter\n")
+    md_out, img = tmp_path / "report.md", tmp_path / "img"
+    rc = cli.main(["report", str(DATA), "--img-dir", str(img), "--md-out", str(md_out),
+                   "--results-md", str(results_md)])
+    assert rc == 0
+    md = md_out.read_text()
+    assert "| knorm | plain | 0.200 | 0.700 |" in md           # leakage row: baseline, ratio 0.5
+    assert "| knorm | fair | 0.200 | 0.300 |" in md
+    assert "| standard | knorm | whitelist | 0.5 | 1 |" in md  # the infeasible run is listed, not scored
+    for name in ("pitfalls_leakage.png", "pitfalls_refusal.png", "pitfalls_ifeval.png", "pitfalls_kept_fraction.png"):
+        p = img / name
+        assert p.is_file() and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+    text = results_md.read_text()
+    assert "old" not in text and "before" in text and "after" in text and "| knorm | plain | 0.200 | 0.700 |" in text
