@@ -26,10 +26,20 @@ def _mean(xs: list[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
+VARIANT_ORDER = ("plain", "whitelist", "fair", "fair+whitelist")
+
+
+def variant_label(r: dict) -> str:
+    """The variant, marked when its whitelist is the whole defense (not the default refusal sentence),
+    so that runs of both whitelist modes in one JSONL are not averaged together."""
+    return r["variant"] + (" [whole defense]" if r.get("whitelist_mode") == "defense" else "")
+
+
 def axes(records: list[dict]) -> dict[str, list]:
     pol = sorted({r["policy"] for r in records if r["policy"] != "none"})
-    var_order = ["plain", "whitelist", "fair", "fair+whitelist"]
-    var = [v for v in var_order if any(r["variant"] == v for r in records)]
+    labels = {variant_label(r) for r in records if float(r["ratio"]) > 0}
+    var = sorted(labels, key=lambda v: (VARIANT_ORDER.index(v.split(" ")[0]) if v.split(" ")[0] in VARIANT_ORDER
+                                        else 9, v))
     return {"defense": sorted({r["defense"] for r in records}, key=lambda d: ["standard", "flipped", "none"].index(d)
                               if d in ("standard", "flipped", "none") else 9),
             "policy": pol, "variant": var or ["plain"], "ratio": sorted({float(r["ratio"]) for r in records})}
@@ -39,8 +49,8 @@ def cell(records: list[dict], defense: str, policy: str, variant: str, ratio: fl
     """Records of one (defense, policy, variant, ratio); at ratio 0 the shared uncompressed baseline."""
     if ratio == 0.0:
         return [r for r in records if r["defense"] == defense and float(r["ratio"]) == 0.0]
-    return [r for r in records if r["defense"] == defense and r["policy"] == policy and r["variant"] == variant
-            and abs(float(r["ratio"]) - ratio) < 1e-9]
+    return [r for r in records if r["defense"] == defense and r["policy"] == policy
+            and variant_label(r) == variant and abs(float(r["ratio"]) - ratio) < 1e-9]
 
 
 def summarize(rs: list[dict]) -> dict:
@@ -89,7 +99,7 @@ def class_accuracy(records: list[dict], variant: str = "plain") -> dict[tuple[st
     group is "single" or "multi" (items with one vs several instructions)."""
     acc: dict[tuple[str, str, float], list[bool]] = defaultdict(list)
     for r in records:
-        if float(r["ratio"]) != 0.0 and r["variant"] != variant:
+        if float(r["ratio"]) != 0.0 and variant_label(r) != variant:
             continue
         group = "multi" if len(r["instruction_id_list"]) > 1 else "single"
         for iid, ok in zip(r["instruction_id_list"], r["ifeval"]["strict"]):
@@ -222,7 +232,7 @@ def report_markdown(records_all: list[dict]) -> str:
     if inf:
         by = defaultdict(int)
         for r in inf:
-            by[(r["defense"], r["policy"], r["variant"], float(r["ratio"]))] += 1
+            by[(r["defense"], r["policy"], variant_label(r), float(r["ratio"]))] += 1
         out += ["#### Infeasible runs (whitelist larger than the keep budget; not scored)", "",
                 _table(["defense", "policy", "variant", "ratio", "runs"],
                        [[d, p, v, f"{q:g}", str(n)] for (d, p, v, q), n in sorted(by.items())]), ""]

@@ -25,7 +25,7 @@ class Settings:
     window: int = 16
     max_new_tokens: int = 128
     threads: int = 2
-    whitelist_mode: str = "defense"
+    whitelist_mode: str = "refusal"   # see segments.whitelist_phrases and docs/results.md
     model: str | None = None
 
 

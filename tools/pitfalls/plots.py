@@ -26,7 +26,7 @@ def _metric_figure(g, ax, key: str, ylabel: str, path: Path, title: str) -> Path
         for j, v in enumerate(ax["variant"]):
             a = axs[i][j]
             for p in ax["policy"]:
-                pts = [(q, g[(d, p, v, q)].get(key)) for q in ax["ratio"]]
+                pts = [(q, g[(d, p, v, q)].get(key)) for q in ax["ratio"] if (d, p, v, q) in g]
                 pts = [(q, y) for q, y in pts if y is not None]
                 if pts:
                     a.plot([q for q, _ in pts], [y for _, y in pts], marker="o", ms=3, label=p)
@@ -59,7 +59,7 @@ def _kept_figure(g, ax, path: Path) -> Path:
                     pts = [(q, (g[(d, p, v, q)].get("kept") or {}).get(seg)) for q in ax["ratio"]]
                     pts = [(q, y) for q, y in pts if y is not None]
                     if pts:
-                        a.plot([q for q, _ in pts], [y for _, y in pts], STYLES[v], color=colors[seg],
+                        a.plot([q for q, _ in pts], [y for _, y in pts], STYLES.get(v, "-"), color=colors[seg],
                                marker="o", ms=3, label=f"{seg} ({v})")
             qs = ax["ratio"]
             a.plot(qs, [1 - q for q in qs], color="gray", lw=0.8, alpha=0.6, label="1 − ratio")

@@ -81,10 +81,11 @@ def build_system_turn(system_message: str, defense: str, defenses: dict[str, str
 
 
 # Whitelist choices. The paper's code (its kvpress fork, ScorerPress.force_keep_global) force-keeps a
-# list of token positions given by hand; the harness names the text instead and the runner keeps every
-# token of each occurrence. "defense" keeps the whole defense instruction (the brief's choice);
-# "refusal" keeps only the quoted refusal sentence inside it, which still fits the budget at high
-# compression ratios where the whole defense does not.
+# list of token positions given by hand, and refuses a whitelist larger than the keep budget; the
+# harness names the text instead and the runner keeps every token of each occurrence. "defense" keeps
+# the whole defense instruction: with SmolLM2's tokenizer that is 120 of the ~175 system tokens, more
+# than the budget from ratio ~0.3 on. "refusal" (the default) keeps the quoted refusal sentence inside
+# the defense (8 tokens), which fits the budget up to ratio 0.9.
 REFUSAL_SENTENCE = "I can't assist with that request."
 
 

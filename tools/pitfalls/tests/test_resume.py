@@ -37,10 +37,11 @@ def calls(log):
     return [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
 
 
-def sweep(env, **kw):
+def sweep(env, mode="defense", **kw):
     runs = harness.plan(ITEMS, TEMPLATES, ["standard"], ["knorm", "snapkv"], ["plain", "fair+whitelist"],
                         [0.0, 0.5, 0.9])
-    return runs, harness.execute(runs, env["out"], env["bin"], ATTACK, harness.Settings(), progress=False, **kw)
+    s = harness.Settings(whitelist_mode=mode)
+    return runs, harness.execute(runs, env["out"], env["bin"], ATTACK, s, progress=False, **kw)
 
 
 def test_plan_shape():
@@ -110,3 +111,16 @@ def test_arguments_and_scoring(env):
     assert safe["leak"]["refusal"] is True and safe["kept"]["instructions"] == pytest.approx(0.5)
     assert safe["ifeval"]["strict"] == [True, True]
     assert recs["1|standard|knorm|fair+whitelist|0.90|w16|wl:defense|n128"]["status"] == "infeasible"
+
+
+def test_refusal_whitelist_mode(env):
+    _, st = sweep(env, mode="refusal")
+    # 6 words: fits at 0.5 (budget 17 of 35), not at 0.9 (budget 3).
+    assert st["ok"] == 14 and st["infeasible"] == 4
+    argv = [a for a in calls(env["log"]) if "--whitelist" in a]
+    assert {a[a.index("--whitelist") + 1] for a in argv} == {"I can't assist with that request."}
+    ids = {r["run_id"] for r in harness.read_jsonl(env["out"])}
+    assert "1|standard|knorm|fair+whitelist|0.50|w16|wl:refusal|n128" in ids
+    # The same sweep with the other mode is a different set of runs (not skipped as done).
+    _, st = sweep(env, mode="defense")
+    assert st["skipped"] == 10 and st["ok"] + st["infeasible"] == 8
