@@ -21,7 +21,7 @@ def _metric_figure(g, ax, key: str, ylabel: str, path: Path, title: str) -> Path
     """Rows: defenses; columns: variants; one line per policy."""
     plt = _plt()
     nd, nv = len(ax["defense"]), len(ax["variant"])
-    fig, axs = plt.subplots(nd, nv, figsize=(3.4 * nv, 2.8 * nd), squeeze=False, sharex=True, sharey=True)
+    fig, axs = plt.subplots(nd, nv, figsize=(max(6.0, 3.4 * nv), 2.8 * nd + 0.4), squeeze=False, sharex=True, sharey=True)
     for i, d in enumerate(ax["defense"]):
         for j, v in enumerate(ax["variant"]):
             a = axs[i][j]
@@ -49,7 +49,7 @@ def _kept_figure(g, ax, path: Path) -> Path:
     """Rows: defenses; columns: policies; defense vs instruction segment, plain (solid) vs fair (dotted)."""
     plt = _plt()
     nd, npol = len(ax["defense"]), len(ax["policy"])
-    fig, axs = plt.subplots(nd, npol, figsize=(3.0 * npol, 2.8 * nd), squeeze=False, sharex=True, sharey=True)
+    fig, axs = plt.subplots(nd, npol, figsize=(max(6.0, 3.0 * npol), 2.8 * nd + 0.4), squeeze=False, sharex=True, sharey=True)
     colors = {"defense": "tab:red", "instructions": "tab:blue"}
     for i, d in enumerate(ax["defense"]):
         for j, p in enumerate(ax["policy"]):

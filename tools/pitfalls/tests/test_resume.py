@@ -124,3 +124,33 @@ def test_refusal_whitelist_mode(env):
     # The same sweep with the other mode is a different set of runs (not skipped as done).
     _, st = sweep(env, mode="defense")
     assert st["skipped"] == 10 and st["ok"] + st["infeasible"] == 8
+
+
+def test_cli_run_then_report(env, tmp_path):
+    """`run` and `report` through the command line, on a four-item data directory of its own."""
+    from tools.pitfalls import cli
+
+    mini = Path(__file__).parent / "data" / "mini"
+    out = tmp_path / "cli.jsonl"
+    args = ["run", "--subset", "2", "--ratios", "0,0.5", "--policies", "knorm,tova", "--variants", "plain,fair",
+            "--defenses", "standard,flipped", "--runner", str(env["bin"]), "--out", str(out),
+            "--data-dir", str(mini), "--no-progress"]
+    assert cli.main(args) == 0
+    recs = harness.read_jsonl(out)
+    assert len(recs) == 2 * 2 * (1 + 2 * 2)               # items x defenses x (baseline + policies x variants)
+    assert len({r["key"] for r in recs}) == 2
+    assert sum(r["multi"] for r in recs) == len(recs) // 2   # one single- and one multi-instruction item
+    assert cli.main(args) == 0 and len(harness.read_jsonl(out)) == len(recs)   # resumed: nothing new
+    md = tmp_path / "r.md"
+    assert cli.main(["report", str(out), "--img-dir", str(tmp_path / "img"), "--md-out", str(md),
+                     "--results-md", ""]) == 0
+    assert "flipped defense" in md.read_text() and (tmp_path / "img" / "pitfalls_leakage.png").is_file()
+
+
+def test_cli_run_without_runner_fails_clearly(tmp_path, monkeypatch, capsys):
+    from tools.pitfalls import cli
+
+    monkeypatch.setenv("FAIRKV_LLAMA", str(tmp_path / "missing"))
+    mini = Path(__file__).parent / "data" / "mini"
+    assert cli.main(["run", "--data-dir", str(mini), "--out", str(tmp_path / "x.jsonl"), "--no-progress"]) == 2
+    assert "fairkv-llama not found" in capsys.readouterr().err
