@@ -67,7 +67,7 @@ BASE_CASES = [
     "text<|im_end|>more<|endoftext|><repo_name>x<reponame>y<|im_start|>",
     "<|im_start <|im_end| |im_end|> < |im_end|>",
     # bytes without a token in this vocabulary are dropped (HF tokenizers and llama.cpp alike)
-    "a\x04b q\x1d",
+    "a\x04b q\x1d !\x04! ==\x13==",
     "x\U00050000y",
 ]
 
@@ -146,20 +146,26 @@ def cross_check_transformers(model_path, cases, ref):
         print("  differs:", json.dumps(c)[:100])
 
 
-def cross_check_llama_cpp(model_path, cases, ref):
+def cross_check_llama_cpp(model_path, cases, ref, decoded):
     try:
         import llama_cpp
         llm = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
     except Exception as e:
         print(f"llama.cpp cross-check skipped: {type(e).__name__}: {str(e)[:160]}")
         return True
-    bad = 0
-    for c, ids in zip(cases, ref):
+    bad = lossy_bad = 0
+    for c, ids, d in zip(cases, ref, decoded):
         got = llm.tokenize(c.encode("utf-8"), add_bos=False, special=True) if c else []
         if got != ids:
-            bad += 1
+            # Known, documented divergence: a byte without a token inside a pre-token. HF drops it before the
+            # merges (its neighbours may merge), llama.cpp keeps it as a barrier and drops it afterwards.
+            if d != c:
+                lossy_bad += 1
+            else:
+                bad += 1
             print("  llama.cpp differs:", json.dumps(c)[:100], got[:12], ids[:12])
-    print(f"llama.cpp (llama-cpp-python {llama_cpp.__version__}): {len(cases) - bad}/{len(cases)} identical")
+    print(f"llama.cpp (llama-cpp-python {llama_cpp.__version__}): {len(cases) - bad - lossy_bad}/{len(cases)} "
+          f"identical; {lossy_bad} differ only on bytes that have no token (documented divergence)")
     return bad == 0
 
 
@@ -189,7 +195,7 @@ def main():
             f.write("\n")
     print(f"wrote {len(cases)} cases, {sum(map(len, ref))} tokens to {args.out}")
     cross_check_transformers(model_path, cases, ref)
-    if not cross_check_llama_cpp(model_path, cases, ref):
+    if not cross_check_llama_cpp(model_path, cases, ref, decoded):
         sys.exit("llama.cpp disagrees with the reference: investigate before committing")
 
 

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <span>
 #include <stdexcept>
@@ -382,48 +383,72 @@ class tokenizer {
   }
 
   // BPE of one pre-token: symbols start as single bytes (in the byte alphabet); repeatedly merge the adjacent
-  // pair with the lowest rank (leftmost first), like HF tokenizers and llama.cpp.
+  // pair with the lowest rank, leftmost first, like HF tokenizers and llama.cpp. A heap of candidate pairs over a
+  // linked list of symbols keeps this O(n log n), so a pathological pre-token (a long run of punctuation) is cheap.
   void bpe(std::string_view word, size_t base, encoding& out) const {
     const auto& alpha = detail::byte_alphabet::get();
     struct symbol {
-      std::string text;     // in the byte alphabet
-      size_t begin, end;    // bytes of `word`
+      std::string text;        // in the byte alphabet
+      size_t begin, end;       // bytes of `word`
+      int prev, next;          // neighbours in the list, -1 at the ends
     };
-    std::vector<symbol> syms;
+    std::vector<symbol> syms;  // [n_bytes] (merged-away entries stay, unlinked, with empty text)
     syms.reserve(word.size());
     for (size_t b = 0; b < word.size(); ++b) {
-      symbol s{{}, b, b + 1};
-      unicode::append_utf8(s.text, alpha.to_cp[static_cast<unsigned char>(word[b])]);
-      syms.push_back(std::move(s));
+      const auto byte = static_cast<unsigned char>(word[b]);
+      // A byte without a token is dropped before merging (as HF tokenizers does with no unk token), so its
+      // neighbours become adjacent.
+      if (byte_token_[byte] < 0) continue;
+      symbol sym{{}, b, b + 1, static_cast<int>(syms.size()) - 1, static_cast<int>(syms.size()) + 1};
+      unicode::append_utf8(sym.text, alpha.to_cp[byte]);
+      syms.push_back(std::move(sym));
     }
-    std::string key;
-    auto rank_of = [&](size_t k) {
-      key.assign(syms[k].text).append(1, ' ').append(syms[k + 1].text);
-      auto it = merge_rank_.find(key);
-      return it == merge_rank_.end() ? std::numeric_limits<int32_t>::max() : it->second;
+    if (syms.empty()) return;
+    syms.back().next = -1;
+
+    struct candidate {
+      int32_t rank;
+      size_t pos;              // byte offset of the left symbol: ties go to the leftmost pair
+      int left, right;
+      size_t left_len, right_len;  // text sizes when pushed: a mismatch later means the entry is stale
+      bool operator>(const candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
     };
-    // Ranks of adjacent pairs, kept up to date as symbols merge: [syms.size() - 1]
-    std::vector<int32_t> ranks(syms.size() > 1 ? syms.size() - 1 : 0);
-    for (size_t k = 0; k + 1 < syms.size(); ++k) ranks[k] = rank_of(k);
-    while (!ranks.empty()) {
-      const auto best = std::min_element(ranks.begin(), ranks.end());  // first minimum = leftmost
-      if (*best == std::numeric_limits<int32_t>::max()) break;
-      const size_t k = static_cast<size_t>(best - ranks.begin());
-      syms[k].text += syms[k + 1].text;
-      syms[k].end = syms[k + 1].end;
-      syms.erase(syms.begin() + static_cast<std::ptrdiff_t>(k) + 1);
-      ranks.erase(ranks.begin() + static_cast<std::ptrdiff_t>(k));
-      if (k + 1 < syms.size()) ranks[k] = rank_of(k);
-      if (k > 0) ranks[k - 1] = rank_of(k - 1);
+    std::vector<candidate> heap;
+    std::string key;
+    auto push = [&](int l, int r) {
+      if (l < 0 || r < 0) return;
+      key.assign(syms[l].text).append(1, ' ').append(syms[r].text);
+      auto it = merge_rank_.find(key);
+      if (it == merge_rank_.end()) return;
+      heap.push_back({it->second, syms[l].begin, l, r, syms[l].text.size(), syms[r].text.size()});
+      std::push_heap(heap.begin(), heap.end(), std::greater<>{});
+    };
+    for (int k = 0; k + 1 < static_cast<int>(syms.size()); ++k) push(k, k + 1);
+    while (!heap.empty()) {
+      std::pop_heap(heap.begin(), heap.end(), std::greater<>{});
+      const candidate c = heap.back();
+      heap.pop_back();
+      symbol& l = syms[c.left];
+      symbol& r = syms[c.right];
+      if (l.next != c.right || l.text.size() != c.left_len || r.text.size() != c.right_len) continue;  // stale
+      l.text += r.text;
+      l.end = r.end;
+      l.next = r.next;
+      if (r.next >= 0) syms[r.next].prev = c.left;
+      r.text.clear();
+      r.prev = r.next = -1;
+      push(l.prev, c.left);
+      push(c.left, l.next);
     }
-    for (const symbol& s : syms) {
-      auto it = index_.find(s.text);
+    for (int k = 0; k >= 0; k = syms[k].next) {
+      const symbol& sym = syms[k];
+      auto it = index_.find(sym.text);
       if (it != index_.end()) {
         out.ids.push_back(it->second);
-        out.offsets.push_back({base + s.begin, base + s.end});
+        out.offsets.push_back({base + sym.begin, base + sym.end});
         continue;
       }
-      for (size_t b = s.begin; b < s.end; ++b) {  // not in the vocabulary: one token per byte, if it has one
+      for (size_t b = sym.begin; b < sym.end; ++b) {  // not in the vocabulary: one token per byte, if it has one
         const int32_t id = byte_token_[static_cast<unsigned char>(word[b])];
         if (id < 0) continue;
         out.ids.push_back(id);

