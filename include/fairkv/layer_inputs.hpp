@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "fairkv/views/kv_view.hpp"
 #include "fairkv/views/paged_kv_view.hpp"
@@ -31,13 +32,14 @@ struct layer_inputs {
 };
 
 template <class T>
-[[nodiscard]] constexpr layer_inputs<kv_view<const T>> keys_only(kv_view<T> keys) noexcept {
+[[nodiscard]] constexpr layer_inputs<kv_view<const std::remove_const_t<T>>> keys_only(kv_view<T> keys) noexcept {
   return {keys.as_const()};
 }
 
 template <class T, class Q>
-[[nodiscard]] constexpr layer_inputs<kv_view<const T>, Q> with_queries(kv_view<T> keys, kv_view<Q> queries) noexcept {
-  layer_inputs<kv_view<const T>, Q> in{keys.as_const()};
+[[nodiscard]] constexpr layer_inputs<kv_view<const std::remove_const_t<T>>, std::remove_const_t<Q>> with_queries(
+    kv_view<T> keys, kv_view<Q> queries) noexcept {
+  layer_inputs<kv_view<const std::remove_const_t<T>>, std::remove_const_t<Q>> in{keys.as_const()};
   in.queries = queries.as_const();
   return in;
 }

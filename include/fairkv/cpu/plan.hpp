@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "fairkv/allocators/uniform.hpp"
 #include "fairkv/cpu/score.hpp"
 #include "fairkv/detail/order.hpp"
 #include "fairkv/keep_plan.hpp"
@@ -186,6 +187,38 @@ template <class S, class A, class KeySource, class Q>
 }
 
 }  // namespace detail
+
+// Whole-sequence scores of every (batch, head) row, as the planner sees them without segments:
+// scores[(b * heads + h) * ld + t] for t < tokens_of(b), ld >= the longest sequence. Exposed for engines that
+// want to inspect or log them, and for checking the scorers against kvpress.
+template <class S, class KeySource, class Q>
+[[nodiscard]] result score(const S& scorer, const layer_inputs<KeySource, Q>& in, float* scores,
+                           std::int64_t ld) noexcept {
+  static_assert(Scorer<S>, "fairkv::cpu::score: S must satisfy fairkv::Scorer");
+  FAIRKV_TRY(detail::validate_keys(in.keys));
+  if (scores == nullptr) return result::error(status::null_pointer, "scores is null");
+  std::int64_t max_tokens = 0, min_tokens = INT64_MAX;
+  for (std::int64_t b = 0; b < in.keys.batch; ++b) {
+    const std::int64_t L = in.keys.tokens_of(b);
+    if (L == 0) return result::error(status::empty_cache, "sequence %lld has no tokens", static_cast<long long>(b));
+    max_tokens = std::max(max_tokens, L);
+    min_tokens = std::min(min_tokens, L);
+  }
+  if (ld < max_tokens)
+    return result::error(status::invalid_shape, "ld = %lld is smaller than the longest sequence (%lld)",
+                         static_cast<long long>(ld), static_cast<long long>(max_tokens));
+  FAIRKV_TRY(detail::validate_scorer(scorer));
+  FAIRKV_TRY((detail::validate_attention_inputs<S, allocators::uniform>(in, min_tokens, max_tokens)));
+  try {
+    std::vector<float> tmp(static_cast<std::size_t>(3 * max_tokens));
+    for (std::int64_t b = 0; b < in.keys.batch; ++b)
+      FAIRKV_TRY(detail::score_region(scorer, in, b, in.keys.tokens_of(b), 0, in.keys.tokens_of(b),
+                                      scores + b * in.keys.heads * ld, ld, tmp.data()));
+  } catch (const std::bad_alloc&) {
+    return result::error(status::insufficient_workspace, "out of host memory for the scoring scratch");
+  }
+  return {};
+}
 
 // Plans one layer. `segments` and `whitelist` apply to every sequence of the batch. Nothing is written but the
 // plan and the workspace; on error the plan's contents are unspecified and the engine's memory is untouched.

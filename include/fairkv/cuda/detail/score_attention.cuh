@@ -1,0 +1,222 @@
+// Attention scorers (SnapKV window, TOVA last row, H2O observed) on the device, one scoring region at a time
+// (the whole sequence, or each maximal run of one group when the allocator is segment-local), with the CPU's
+// formulas (cpu/score.hpp) in the same order of operations where the order is a plain sum:
+//   1. stats:      for every query row p the region needs: the softmax max and 1 / sum over keys [rb, p]
+//                  (from the window's queries), or 1 / sum of the engine's row restricted to the region;
+//   2. accumulate: acc[b, qh, t] = sum over the region's rows p (ascending) of the probability of key t;
+//   3. finalize:   mean over the window and avg-pool (SnapKV), mean over query heads (TOVA), division by the
+//                  number of causal queries (H2O), GQA mean;
+//   4. pad:        window tokens / TOVA's anchor score (max over the region's scored tokens of every head) + 1.
+// Never an L x L matrix: the scratch is O(query rows + q_heads * tokens). Dot products and exp differ from the
+// CPU's Eigen/libm in the last bits, so attention scores match the oracle to ~1e-6 relative, not bitwise.
+#pragma once
+
+#include <cub/block/block_reduce.cuh>
+
+#include <cmath>
+#include <cstdint>
+
+#include "fairkv/cuda/detail/params.cuh"
+#include "fairkv/layer_inputs.hpp"
+#include "fairkv/scorer.hpp"
+
+namespace fairkv::cuda::detail {
+
+struct attention_region {
+  std::int32_t begin, end;  // [begin, end) tokens of the region
+  std::int32_t scored;      // keys [begin, begin + scored) get an attention score; the rest are padded
+  std::int32_t row_begin;   // first query position the region needs
+  std::int32_t rows;        // query positions [row_begin, row_begin + rows)
+  std::int32_t row_offset;  // offset of the region's rows in the stats buffer
+};
+
+struct attention_params {
+  std::int32_t n_regions = 0;
+  std::int32_t total_rows = 0;
+  std::int32_t q_heads = 0;
+  std::int32_t group = 0;      // q_heads / kv heads
+  std::int32_t window = 0;     // SnapKV's effective window of each region is region.rows
+  std::int32_t kernel = 1;
+  float scale = 1.f;
+  bool from_queries = false;   // else the engine's attention rows (or column sums for H2O)
+  bool column_sums = false;    // H2O from inputs.attention_column_sums
+  attention_region regions[max_runs];
+};
+
+[[nodiscard]] __device__ inline const attention_region& region_of_token(const attention_params& a, std::int32_t t) {
+  std::int32_t lo = 0, hi = a.n_regions - 1;
+  while (lo < hi) {
+    const std::int32_t mid = (lo + hi + 1) / 2;
+    if (a.regions[mid].begin <= t) lo = mid; else hi = mid - 1;
+  }
+  return a.regions[lo];
+}
+
+[[nodiscard]] __device__ inline const attention_region& region_of_row(const attention_params& a, std::int32_t r) {
+  std::int32_t lo = 0, hi = a.n_regions - 1;
+  while (lo < hi) {
+    const std::int32_t mid = (lo + hi + 1) / 2;
+    if (a.regions[mid].row_offset <= r) lo = mid; else hi = mid - 1;
+  }
+  return a.regions[lo];
+}
+
+template <class T, class Q>
+[[nodiscard]] __device__ inline float scaled_dot(const kv_view<const Q>& queries, std::int64_t b, std::int64_t qh,
+                                                 std::int64_t qi, const T* k, std::int64_t ks, std::int64_t d,
+                                                 float scale) {
+  const Q* q = queries.row(b, qh, qi);
+  float acc = 0.f;
+  for (std::int64_t i = 0; i < d; ++i) acc += to_float(q[i * queries.stride_dim]) * to_float(k[i * ks]);
+  return scale * acc;
+}
+
+inline constexpr int attention_threads = 256;
+
+struct row_stat {
+  float max, inv;  // softmax max (queries) and 1 / sum
+};
+
+// grid = (total_rows, q_heads, batch). stats [batch, q_heads, total_rows]
+template <class T, class Q>
+__global__ void __launch_bounds__(attention_threads)
+    attention_stats_kernel(const attention_params a, layer_inputs<kv_view<const T>, Q> in, row_stat* stats) {
+  using reduce_t = cub::BlockReduce<float, attention_threads>;
+  __shared__ typename reduce_t::TempStorage tmp;
+  __shared__ float shared_max;
+  const std::int32_t r = blockIdx.x, qh = blockIdx.y, b = blockIdx.z;
+  const attention_region& reg = region_of_row(a, r);
+  const std::int64_t p = reg.row_begin + (r - reg.row_offset);
+  const std::int64_t L = in.keys.tokens;
+  const std::int64_t kvh = qh / a.group;
+  row_stat st{0.f, 1.f};
+  if (a.from_queries) {
+    const std::int64_t qi = p - (L - in.queries.tokens);
+    float m = -INFINITY;
+    for (std::int64_t t = reg.begin + threadIdx.x; t <= p; t += attention_threads)
+      m = fmaxf(m, scaled_dot(in.queries, b, qh, qi, in.keys.row(b, kvh, t), in.keys.stride_dim, in.keys.head_dim,
+                              a.scale));
+    const float bm = reduce_t(tmp).Reduce(m, [](float x, float y) { return fmaxf(x, y); });
+    if (threadIdx.x == 0) shared_max = bm;
+    __syncthreads();
+    const float mx = shared_max;
+    float s = 0.f;
+    for (std::int64_t t = reg.begin + threadIdx.x; t <= p; t += attention_threads)
+      s += expf(scaled_dot(in.queries, b, qh, qi, in.keys.row(b, kvh, t), in.keys.stride_dim, in.keys.head_dim,
+                           a.scale) - mx);
+    const float sum = reduce_t(tmp).Sum(s);
+    st = {mx, 1.f / sum};
+  } else {
+    const std::int64_t ld = in.attention_ld != 0 ? in.attention_ld : L;
+    const float* row = in.attention + ((b * a.q_heads + qh) * in.attention_rows + (p - (L - in.attention_rows))) * ld;
+    float s = 0.f;
+    for (std::int64_t t = reg.begin + threadIdx.x; t <= p; t += attention_threads) s += row[t];
+    const float sum = reduce_t(tmp).Sum(s);
+    st = {0.f, reg.begin == 0 ? 1.f : 1.f / sum};  // the full row is already normalised
+  }
+  if (threadIdx.x == 0) stats[(static_cast<std::int64_t>(b) * a.q_heads + qh) * a.total_rows + r] = st;
+}
+
+// grid = (ceil(tokens / threads), q_heads, batch). acc [batch, q_heads, tokens]
+template <score_source Source, class T, class Q>
+__global__ void __launch_bounds__(attention_threads)
+    attention_accumulate_kernel(const attention_params a, layer_inputs<kv_view<const T>, Q> in,
+                                const row_stat* stats, float* acc) {
+  const std::int64_t L = in.keys.tokens;
+  const std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * attention_threads + threadIdx.x;
+  const std::int32_t qh = blockIdx.y, b = blockIdx.z;
+  if (t >= L) return;
+  const attention_region& reg = region_of_token(a, static_cast<std::int32_t>(t));
+  float sum = 0.f;
+  if (t - reg.begin < reg.scored) {
+    if (a.column_sums) {
+      const std::int64_t ldc = in.attention_ld != 0 ? in.attention_ld : L;
+      sum = in.attention_column_sums[(static_cast<std::int64_t>(b) * a.q_heads + qh) * ldc + t];
+    } else {
+      const std::int64_t kvh = qh / a.group;
+      const T* k = in.keys.row(b, kvh, t);
+      const row_stat* st = stats + (static_cast<std::int64_t>(b) * a.q_heads + qh) * a.total_rows + reg.row_offset;
+      const std::int64_t ld = in.attention_ld != 0 ? in.attention_ld : L;
+      for (std::int32_t i = 0; i < reg.rows; ++i) {
+        const std::int64_t p = reg.row_begin + i;
+        if (p < t) continue;  // causal: only queries at or after the key see it (H2O's rows start at the region)
+        float prob;
+        if (a.from_queries) {
+          const float l = scaled_dot(in.queries, b, qh, p - (L - in.queries.tokens), k, in.keys.stride_dim,
+                                     in.keys.head_dim, a.scale);
+          prob = expf(l - st[i].max) * st[i].inv;
+        } else {
+          prob = in.attention[((static_cast<std::int64_t>(b) * a.q_heads + qh) * in.attention_rows +
+                               (p - (L - in.attention_rows))) * ld + t] * st[i].inv;
+        }
+        sum += prob;
+      }
+    }
+  }
+  acc[(static_cast<std::int64_t>(b) * a.q_heads + qh) * L + t] = sum;
+}
+
+// scores [batch * heads, tokens] for the scored tokens of every region. acc [batch, q_heads, tokens]
+template <score_source Source>
+__global__ void attention_finalize_kernel(const attention_params a, std::int32_t batch, std::int32_t heads,
+                                          std::int32_t tokens, const float* acc, float* scores) {
+  const std::int64_t total = static_cast<std::int64_t>(batch) * heads * tokens;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t row = i / tokens, b = row / heads, h = row % heads;
+    const std::int32_t t = static_cast<std::int32_t>(i % tokens);
+    const attention_region& reg = region_of_token(a, t);
+    const std::int32_t lt = t - reg.begin;  // position inside the region
+    if (lt >= reg.scored) {
+      if constexpr (Source == score_source::window_attention)
+        if (reg.rows == 0) scores[i] = 1.f;  // a one-token region is its own window
+      continue;                              // padded by attention_pad_kernel
+    }
+    const float* ab = acc + b * a.q_heads * static_cast<std::int64_t>(tokens);
+    float s = 0.f;
+    if constexpr (Source == score_source::window_attention) {
+      const std::int32_t half = a.kernel / 2, m = reg.scored;
+      const std::int32_t j0 = lt - half > 0 ? lt - half : 0, j1 = lt + half < m - 1 ? lt + half : m - 1;
+      for (std::int32_t g = 0; g < a.group; ++g) {
+        const float* ar = ab + static_cast<std::int64_t>(h * a.group + g) * tokens + reg.begin;
+        float pool = 0.f;
+        for (std::int32_t j = j0; j <= j1; ++j) pool += ar[j] / static_cast<float>(reg.rows);
+        s += pool / static_cast<float>(a.kernel);
+      }
+      s /= static_cast<float>(a.group);
+    } else if constexpr (Source == score_source::last_attention) {
+      for (std::int32_t qh = 0; qh < a.q_heads; ++qh) s += ab[static_cast<std::int64_t>(qh) * tokens + t];
+      s /= static_cast<float>(a.q_heads);
+    } else {
+      for (std::int32_t g = 0; g < a.group; ++g)
+        s += ab[static_cast<std::int64_t>(h * a.group + g) * tokens + t] / static_cast<float>(reg.end - t);
+      s /= static_cast<float>(a.group);
+    }
+    scores[i] = s;
+  }
+}
+
+// One block per (region, batch): the window tokens (or TOVA's anchor) score max + 1 over the region's scored
+// tokens of every head, NaN ignored; 1 when nothing is scored. scores [batch * heads, tokens]
+__global__ void __launch_bounds__(attention_threads)
+    attention_pad_kernel(const attention_params a, std::int32_t heads, std::int32_t tokens, float* scores) {
+  using reduce_t = cub::BlockReduce<float, attention_threads>;
+  __shared__ typename reduce_t::TempStorage tmp;
+  __shared__ float pad;
+  const attention_region& reg = a.regions[blockIdx.x];
+  const std::int64_t b = blockIdx.y;
+  const std::int64_t n = static_cast<std::int64_t>(heads) * reg.scored;
+  float m = -INFINITY;
+  for (std::int64_t i = threadIdx.x; i < n; i += attention_threads) {
+    const float v = scores[(b * heads + i / reg.scored) * tokens + reg.begin + i % reg.scored];
+    if (!isnan(v)) m = fmaxf(m, v);
+  }
+  const float bm = reduce_t(tmp).Reduce(m, [](float x, float y) { return fmaxf(x, y); });
+  if (threadIdx.x == 0) pad = reg.scored > 0 ? bm + 1.f : 1.f;
+  __syncthreads();
+  const std::int64_t w = reg.end - reg.begin - reg.scored;
+  for (std::int64_t i = threadIdx.x; i < heads * w; i += attention_threads)
+    scores[(b * heads + i / w) * tokens + reg.begin + reg.scored + i % w] = pad;
+}
+
+}  // namespace fairkv::cuda::detail

@@ -1,0 +1,77 @@
+// Scoring kernels for the scorers that read nothing (position) or one key row at a time (keys, e.g. K-Norm).
+// The scorer's own operator() runs on the device, so GPU and CPU evaluate the same float expression; with
+// nvcc's -fmad=false (see docs/cuda-backend.md) the scores are bit-identical to the CPU oracle's.
+#pragma once
+
+#include <cstdint>
+
+#include "fairkv/scorer.hpp"
+#include "fairkv/views/kv_view.hpp"
+
+namespace fairkv::cuda::detail {
+
+// scores [batch * heads, tokens]
+template <class S>
+__global__ void score_position_kernel(S scorer, std::int32_t batch, std::int32_t heads, std::int32_t tokens,
+                                      float* scores) {
+  const std::int64_t total = static_cast<std::int64_t>(batch) * heads * tokens;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t row = i / tokens, t = i % tokens;
+    scores[i] = scorer(token_info{t, tokens, row % heads, row / heads});
+  }
+}
+
+inline constexpr int key_score_threads = 128;
+inline constexpr int key_score_smem_bytes = 40 * 1024;
+
+// Word pitch of one staged key row: one spare 32-bit word so that thread i reading row i hits bank i.
+[[nodiscard]] inline constexpr int staged_row_words(std::int64_t head_dim, std::int64_t elem_bytes) noexcept {
+  return static_cast<int>((head_dim * elem_bytes + 3) / 4) + 1;
+}
+[[nodiscard]] inline constexpr int staged_rows(std::int64_t head_dim, std::int64_t elem_bytes) noexcept {
+  const int r = key_score_smem_bytes / (4 * staged_row_words(head_dim, elem_bytes));
+  return r < key_score_threads ? r : key_score_threads;
+}
+
+// One block scores `rows_per_block` consecutive tokens of one (batch, head): the rows are staged in shared
+// memory with coalesced loads (16-byte vectors when `Vec` is true), then each thread calls the scorer on its
+// staged row as a contiguous key_row. grid = (ceil(tokens / rows), batch * heads).
+// scores [batch * heads, tokens]
+template <class S, class T, bool Vec>
+__global__ void __launch_bounds__(key_score_threads)
+    score_keys_kernel(S scorer, kv_view<const T> keys, std::int32_t rows_per_block, float* scores) {
+  extern __shared__ std::uint32_t staged[];  // [rows_per_block, pitch] 32-bit words
+  const std::int64_t row = blockIdx.y;
+  const std::int64_t b = row / keys.heads, h = row % keys.heads;
+  const std::int64_t t0 = static_cast<std::int64_t>(blockIdx.x) * rows_per_block;
+  const std::int64_t n = (keys.tokens - t0) < rows_per_block ? keys.tokens - t0 : rows_per_block;
+  const int pitch = staged_row_words(keys.head_dim, sizeof(T));
+  if constexpr (Vec) {
+    // Row bytes are a multiple of 16 and every row is 16-byte aligned (checked by the host).
+    const int vecs = static_cast<int>(keys.head_dim * static_cast<std::int64_t>(sizeof(T)) / 16);
+    for (std::int64_t i = threadIdx.x; i < n * vecs; i += key_score_threads) {
+      const std::int64_t r = i / vecs;
+      const int v = static_cast<int>(i % vecs);
+      const uint4 x = reinterpret_cast<const uint4*>(keys.row(b, h, t0 + r))[v];
+      std::uint32_t* d = staged + r * pitch + 4 * v;
+      d[0] = x.x;
+      d[1] = x.y;
+      d[2] = x.z;
+      d[3] = x.w;
+    }
+  } else {
+    for (std::int64_t i = threadIdx.x; i < n * keys.head_dim; i += key_score_threads) {
+      const std::int64_t r = i / keys.head_dim, d = i % keys.head_dim;
+      reinterpret_cast<T*>(staged + r * pitch)[d] = keys.row(b, h, t0 + r)[d * keys.stride_dim];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < n) {
+    const std::int64_t t = t0 + threadIdx.x;
+    const key_row<T, true> k{reinterpret_cast<const T*>(staged + threadIdx.x * pitch), keys.head_dim, 1};
+    scores[row * keys.tokens + t] = scorer(k, token_info{t, keys.tokens, h, b});
+  }
+}
+
+}  // namespace fairkv::cuda::detail

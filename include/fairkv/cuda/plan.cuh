@@ -1,0 +1,461 @@
+// The CUDA backend's planner, in CUB's shape:
+//
+//   size_t bytes = 0;
+//   fairkv::cuda::plan(nullptr, bytes, policy, inputs, segments, whitelist, ratio, plan_view, stream);  // size
+//   fairkv::cuda::plan(d_temp, bytes, policy, inputs, segments, whitelist, ratio, plan_view, stream);   // run
+//
+// `inputs` and `plan_view` point at device memory; `segments` and `whitelist` are small HOST arrays that are
+// validated on the host and passed to the kernels by value (detail/params.cuh states the limits). Every check
+// that the CPU oracle makes is made on the host, with the CPU's messages, before the first launch. Nothing is
+// allocated and the host never waits for the device, so a plan can be captured in a CUDA graph.
+//
+// Pipeline (all on `stream`): score -> [head mean for union] -> select (one block per (row, group): radix
+// select of the threshold + stable scan-based marking, see detail/select.cuh) -> emit (scan of the keep mask
+// into ascending indices). Budgets per (head, group) are computed on the host by the policy's allocator: they
+// depend only on the sizes and whitelist counts, which the host knows. debias needs the plain policy's
+// per-group counts (a device result) and is not supported here (status::not_supported).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+#include "fairkv/allocator.hpp"
+#include "fairkv/cuda/detail/params.cuh"
+#include "fairkv/cuda/detail/plan_kernels.cuh"
+#include "fairkv/cuda/detail/score_attention.cuh"
+#include "fairkv/cuda/detail/score_keys.cuh"
+#include "fairkv/cuda/detail/workspace.cuh"
+#include "fairkv/cuda/error.cuh"
+#include "fairkv/keep_plan.hpp"
+#include "fairkv/layer_inputs.hpp"
+#include "fairkv/policy.hpp"
+#include "fairkv/segments.hpp"
+#include "fairkv/status.hpp"
+
+namespace fairkv::cuda {
+
+// The layer budget, exactly as the CPU oracle computes it (fairkv::keep_budget in cpu/plan.hpp, which this
+// header cannot include without Eigen).
+[[nodiscard]] constexpr std::int64_t keep_budget(std::int64_t tokens, double ratio) noexcept {
+  if (tokens <= 0) return 0;
+  const auto n = static_cast<std::int64_t>(static_cast<double>(tokens) * (1.0 - ratio));
+  return std::clamp<std::int64_t>(n, 1, tokens);
+}
+
+namespace detail {
+
+template <class K>
+inline constexpr bool is_dense_view_v = false;
+template <class T>
+inline constexpr bool is_dense_view_v<kv_view<const T>> = true;
+
+// ---- host-side validation, mirroring cpu::plan's checks and messages ----
+
+template <class S>
+[[nodiscard]] result validate_scorer(const S& s) noexcept {
+  if constexpr (S::source == score_source::window_attention) {
+    if (s.window < 1)
+      return result::error(status::invalid_argument, "scorer.window = %d must be at least 1", static_cast<int>(s.window));
+    if (s.kernel < 1 || s.kernel % 2 == 0)
+      return result::error(status::invalid_argument, "scorer.kernel = %d must be odd and positive",
+                           static_cast<int>(s.kernel));
+  }
+  if constexpr (requires { s.n_sink; }) {
+    if (s.n_sink < 0)
+      return result::error(status::invalid_argument, "scorer.n_sink = %d must be non-negative", static_cast<int>(s.n_sink));
+  }
+  return {};
+}
+
+template <class S, class A, class KeySource, class Q>
+[[nodiscard]] result validate_attention_inputs(const layer_inputs<KeySource, Q>& in, std::int64_t tokens) noexcept {
+  if constexpr (!is_attention_source(S::source)) {
+    return {};
+  } else {
+    const bool have_rows = in.attention != nullptr;
+    const bool have_sums = in.attention_column_sums != nullptr && S::source == score_source::observed_attention;
+    if (in.queries.data == nullptr && !have_rows && !have_sums)
+      return result::error(status::missing_input,
+                           "scorer '%s' needs the window's queries (inputs.queries) or the engine's attention "
+                           "(inputs.attention%s)",
+                           S::name, S::source == score_source::observed_attention ? " or inputs.attention_column_sums" : "");
+    const std::int64_t qh = in.q_heads();
+    if (qh <= 0)
+      return result::error(status::invalid_shape, "inputs.query_heads must be positive when only attention is given");
+    if (qh % in.keys.heads != 0)
+      return result::error(status::invalid_shape,
+                           "the %lld query heads are not a multiple of the %lld KV heads (GQA groups must be equal)",
+                           static_cast<long long>(qh), static_cast<long long>(in.keys.heads));
+    if (in.queries.data != nullptr) {
+      FAIRKV_TRY(validate(in.queries, "inputs.queries"));
+      if (in.queries.batch != in.keys.batch || in.queries.head_dim != in.keys.head_dim)
+        return result::error(status::invalid_shape,
+                             "inputs.queries is [batch %lld, head_dim %lld] but the keys are [batch %lld, head_dim %lld]",
+                             static_cast<long long>(in.queries.batch), static_cast<long long>(in.queries.head_dim),
+                             static_cast<long long>(in.keys.batch), static_cast<long long>(in.keys.head_dim));
+      if (in.queries.tokens < 1 || in.queries.tokens > tokens)
+        return result::error(status::invalid_shape,
+                             "inputs.queries has %lld positions; it must hold between 1 and %lld (the shortest sequence)",
+                             static_cast<long long>(in.queries.tokens), static_cast<long long>(tokens));
+    } else {
+      const std::int64_t ld = in.attention_ld != 0 ? in.attention_ld : tokens;
+      if (ld < tokens)
+        return result::error(status::invalid_shape, "inputs.attention_ld = %lld is smaller than the %lld tokens",
+                             static_cast<long long>(ld), static_cast<long long>(tokens));
+      if (have_rows && (in.attention_rows < 1 || in.attention_rows > tokens))
+        return result::error(status::invalid_shape, "inputs.attention_rows = %lld must be in [1, %lld]",
+                             static_cast<long long>(in.attention_rows), static_cast<long long>(tokens));
+      if constexpr (A::segment_local && S::source == score_source::observed_attention) {
+        if (!have_rows)
+          return result::error(status::missing_input,
+                               "segment-local H2O needs queries or attention rows: accumulated column sums "
+                               "(inputs.attention_column_sums) mix attention across segments");
+      }
+    }
+    return {};
+  }
+}
+
+// Segment indices sorted by begin (at most max_segments, checked by the caller).
+inline void sort_segments(std::span<const segment> segments, std::int32_t* order) noexcept {
+  for (std::size_t i = 0; i < segments.size(); ++i) order[i] = static_cast<std::int32_t>(i);
+  std::sort(order, order + segments.size(),
+            [&](std::int32_t a, std::int32_t b) { return segments[a].begin < segments[b].begin; });
+}
+
+// Runs (maximal token ranges of one group): segments in position order, gaps form the remainder group.
+inline void build_runs(std::span<const segment> segments, std::int32_t tokens, plan_params& p) noexcept {
+  std::int32_t order[max_segments];
+  sort_segments(segments, order);
+  const auto n_segments = static_cast<std::int32_t>(segments.size());
+  const std::int32_t remainder = n_segments;
+  std::int32_t pos = 0, covered = 0;
+  p.n_runs = 0;
+  for (std::int32_t i = 0; i < n_segments; ++i) {
+    const segment& s = segments[order[i]];
+    if (s.begin > pos) p.runs[p.n_runs++] = {pos, s.begin, remainder};
+    p.runs[p.n_runs++] = {s.begin, s.end, i};
+    pos = s.end;
+    covered += s.size();
+  }
+  if (pos < tokens) p.runs[p.n_runs++] = {pos, tokens, remainder};
+  p.groups = n_segments + (covered < tokens ? 1 : 0);
+}
+
+// Scoring regions and the query rows each needs (cpu/score.hpp's score_region, one entry per region).
+template <class S, class A, class KeySource, class Q>
+[[nodiscard]] result build_attention(const S& scorer, const layer_inputs<KeySource, Q>& in, const plan_params& p,
+                                     attention_params& a) noexcept {
+  constexpr bool local = A::segment_local;
+  const std::int32_t L = p.tokens;
+  a.n_regions = local ? p.n_runs : 1;
+  a.q_heads = static_cast<std::int32_t>(in.q_heads());
+  a.group = a.q_heads / p.heads;
+  a.scale = in.scale != 0.f ? in.scale : 1.f / std::sqrt(static_cast<float>(in.keys.head_dim));
+  a.from_queries = in.queries.data != nullptr;
+  a.column_sums = !a.from_queries && in.attention == nullptr;
+  if constexpr (S::source == score_source::window_attention) {
+    a.window = scorer.window;
+    a.kernel = scorer.kernel;
+  }
+  std::int32_t offset = 0;
+  for (std::int32_t r = 0; r < a.n_regions; ++r) {
+    attention_region& g = a.regions[r];
+    g.begin = local ? p.runs[r].begin : 0;
+    g.end = local ? p.runs[r].end : L;
+    const std::int32_t n = g.end - g.begin;
+    if constexpr (S::source == score_source::window_attention) {
+      const std::int32_t w = std::min<std::int32_t>(scorer.window, n - 1);
+      g.scored = w == 0 ? 0 : n - w;
+      g.rows = w;
+      g.row_begin = g.end - w;
+    } else if constexpr (S::source == score_source::last_attention) {
+      g.scored = n - 1;
+      g.rows = 1;
+      g.row_begin = g.end - 1;
+    } else {
+      g.scored = n;
+      g.rows = a.column_sums ? 0 : n;
+      g.row_begin = g.begin;
+    }
+    g.row_offset = offset;
+    offset += g.rows;
+    // The CPU reports the first query position (in region order) that the inputs do not cover.
+    if (g.rows > 0 && a.from_queries && g.row_begin - (L - in.queries.tokens) < 0)
+      return result::error(status::missing_input,
+                           "scoring needs the query at position %lld but queries cover only the last %lld of %lld tokens",
+                           static_cast<long long>(g.row_begin), static_cast<long long>(in.queries.tokens),
+                           static_cast<long long>(L));
+    if (g.rows > 0 && !a.from_queries && !a.column_sums && g.row_begin - (L - in.attention_rows) < 0)
+      return result::error(status::missing_input,
+                           "scoring needs the attention row of position %lld but attention covers only the last %lld rows",
+                           static_cast<long long>(g.row_begin), static_cast<long long>(in.attention_rows));
+  }
+  a.total_rows = offset;
+  return {};
+}
+
+// Everything the host can check and compute before a launch. `full` also builds the budgets (the run phase; the
+// size query, like the CPU's, does not look at the whitelist budget).
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result prepare(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                             std::span<const segment> segments, std::span<const std::int32_t> whitelist, double ratio,
+                             bool full, plan_params& p, attention_params& a) noexcept {
+  static_assert(is_dense_view_v<KeySource>,
+                "fairkv::cuda::plan: the keys must be a kv_view<const T> (contiguous or strided); paged keys are "
+                "not supported by the CUDA planner (compact() does support paged views)");
+  if (!(ratio >= 0.0 && ratio < 1.0))
+    return result::error(status::invalid_argument, "ratio = %g is outside [0, 1)", ratio);
+  FAIRKV_TRY(validate(in.keys, "inputs.keys"));
+  const std::int64_t batch = in.keys.batch, heads = in.keys.heads, L = in.keys.tokens;
+  if (L == 0) return result::error(status::empty_cache, "sequence %lld of inputs.keys has no tokens", 0LL);
+  if (L > INT32_MAX || L * heads > INT64_C(0xFFFFFFFF))
+    return result::error(status::not_supported, "sequence %lld has %lld tokens; at most 2^32 / heads are supported",
+                         0LL, static_cast<long long>(L));
+  if constexpr (!A::uses_segments) {
+    if (!segments.empty())
+      return result::error(status::invalid_argument,
+                           "%zu segments were given but allocator '%s' does not use segments (use fair, "
+                           "fair_with_whitelist or debias)",
+                           segments.size(), A::name);
+  }
+  if constexpr (!A::uses_whitelist) {
+    if (!whitelist.empty())
+      return result::error(status::invalid_argument,
+                           "a whitelist of %zu positions was given but allocator '%s' ignores whitelists (use "
+                           "whitelist, fair_with_whitelist or debias)",
+                           whitelist.size(), A::name);
+  }
+  FAIRKV_TRY(validate_segments(segments, L));
+  FAIRKV_TRY(validate_whitelist(whitelist, L));
+  FAIRKV_TRY(detail::validate_scorer(pol.scorer));
+  if constexpr (Sel::kind == selection_kind::head_adaptive) {
+    if (!(pol.selector.alpha_safeguard >= 0.f && pol.selector.alpha_safeguard <= 1.f))
+      return result::error(status::invalid_argument, "selector.alpha_safeguard = %g is outside [0, 1]",
+                           static_cast<double>(pol.selector.alpha_safeguard));
+  }
+  FAIRKV_TRY((detail::validate_attention_inputs<S, A>(in, L)));
+
+  // ---- the CUDA backend's own limits ----
+  if constexpr (A::needs_own_allocation) {
+    return result::error(status::not_supported,
+                         "allocator '%s' needs the plain policy's per-segment counts; the CUDA backend does not "
+                         "implement it (use fairkv::cpu::plan)",
+                         A::name);
+  }
+  if (segments.size() > static_cast<std::size_t>(max_segments))
+    return result::error(status::not_supported, "%zu segments were given; the CUDA backend supports at most %d",
+                         segments.size(), max_segments);
+  if (whitelist.size() > static_cast<std::size_t>(max_whitelist))
+    return result::error(status::not_supported,
+                         "a whitelist of %zu positions was given; the CUDA backend supports at most %d", whitelist.size(),
+                         max_whitelist);
+  const std::int64_t groups_bound = static_cast<std::int64_t>(segments.size()) + 1;
+  if (heads * groups_bound > max_budget_entries)
+    return result::error(status::not_supported,
+                         "%lld heads x %lld groups exceed the CUDA backend's %d budget entries",
+                         static_cast<long long>(heads), static_cast<long long>(groups_bound), max_budget_entries);
+  if (batch > 65535 || heads * batch > INT32_MAX)
+    return result::error(status::not_supported, "batch = %lld exceeds the CUDA backend's grid limit of 65535",
+                         static_cast<long long>(batch));
+
+  p.batch = static_cast<std::int32_t>(batch);
+  p.heads = static_cast<std::int32_t>(heads);
+  p.tokens = static_cast<std::int32_t>(L);
+  if constexpr (Sel::kind == selection_kind::head_adaptive) p.alpha = pol.selector.alpha_safeguard;
+  build_runs(segments, p.tokens, p);
+  if constexpr (is_attention_source(S::source)) FAIRKV_TRY((build_attention<S, A>(pol.scorer, in, p, a)));
+  if (!full) return {};
+
+  // ---- whitelist: sorted distinct positions, charged to their group ----
+  for (std::size_t i = 0; i < whitelist.size(); ++i) p.forced[i] = whitelist[i];
+  std::sort(p.forced, p.forced + whitelist.size());
+  p.n_forced = static_cast<std::int32_t>(std::unique(p.forced, p.forced + whitelist.size()) - p.forced);
+  std::int64_t sizes[max_groups] = {}, forced_n[max_groups] = {}, scratch[max_groups] = {};
+  for (std::int32_t r = 0; r < p.n_runs; ++r) sizes[p.runs[r].group] += p.runs[r].end - p.runs[r].begin;
+  for (std::int32_t i = 0; i < p.n_forced; ++i) ++forced_n[group_of(p, p.forced[i])];
+  const std::int64_t n_keep = keep_budget(L, ratio);
+  // Every sequence of a kv_view has the same length, so the CPU would report sequence 0 first.
+  if (p.n_forced > n_keep)
+    return result::error(status::budget_exceeded,
+                         "the whitelist holds %lld distinct positions but sequence %lld keeps only %lld of its %lld "
+                         "tokens at ratio %g",
+                         static_cast<long long>(p.n_forced), 0LL, static_cast<long long>(n_keep),
+                         static_cast<long long>(L), ratio);
+
+  // ---- budgets per (head, group), checked exactly as the CPU checks them ----
+  std::int64_t budgets[max_budget_entries] = {};
+  const std::int64_t groups = p.groups;
+  const allocation_context ctx{n_keep,
+                               heads,
+                               {sizes, static_cast<std::size_t>(groups)},
+                               {forced_n, static_cast<std::size_t>(groups)},
+                               {},
+                               {scratch, static_cast<std::size_t>(groups)}};
+  FAIRKV_TRY(pol.allocator.allocate(ctx, {budgets, static_cast<std::size_t>(heads * groups)}));
+  for (std::int64_t h = 0; h < heads; ++h) {
+    std::int64_t sum = 0;
+    for (std::int64_t g = 0; g < groups; ++g) {
+      const std::int64_t v = budgets[h * groups + g];
+      if (v < forced_n[g] || v > sizes[g])
+        return result::error(status::internal_error,
+                             "allocator '%s' gave head %lld, group %lld a budget of %lld outside [%lld, %lld]", A::name,
+                             static_cast<long long>(h), static_cast<long long>(g), static_cast<long long>(v),
+                             static_cast<long long>(forced_n[g]), static_cast<long long>(sizes[g]));
+      sum += v;
+    }
+    if (sum != n_keep)
+      return result::error(status::internal_error, "allocator '%s' gave head %lld %lld tokens instead of %lld", A::name,
+                           static_cast<long long>(h), static_cast<long long>(sum), static_cast<long long>(n_keep));
+  }
+  for (std::int64_t i = 0; i < heads * groups; ++i) p.budgets[i] = static_cast<std::int32_t>(budgets[i]);
+  for (std::int64_t g = 0; g < groups; ++g) p.forced_n[g] = static_cast<std::int32_t>(forced_n[g]);
+  return {};
+}
+
+// One layout for the size query and the run (CUB convention).
+struct plan_workspace {
+  float* scores = nullptr;      // [batch * heads, tokens]
+  float* mean = nullptr;        // [batch, tokens] head-mean scores (union)
+  std::uint8_t* keep = nullptr; // [batch * heads, tokens] keep mask ([batch, tokens] for union)
+  row_stat* stats = nullptr;    // [batch, q_heads, total_rows] softmax statistics of the query rows
+  float* acc = nullptr;         // [batch, q_heads, tokens] accumulated attention
+};
+
+template <class S, class Sel>
+std::size_t layout(void* base, plan_workspace& w, const plan_params& p, const attention_params& a) noexcept {
+  workspace_carver c(base);
+  const auto B = static_cast<std::size_t>(p.batch), H = static_cast<std::size_t>(p.heads),
+             L = static_cast<std::size_t>(p.tokens);
+  constexpr bool uni = Sel::kind == selection_kind::union_heads;
+  constexpr bool attn = is_attention_source(S::source);
+  c.carve(w.scores, B * H * L);
+  c.carve(w.mean, uni ? B * L : 0);
+  c.carve(w.keep, (uni ? B : B * H) * L);
+  c.carve(w.stats, attn ? B * static_cast<std::size_t>(a.q_heads) * static_cast<std::size_t>(a.total_rows) : 0);
+  c.carve(w.acc, attn ? B * static_cast<std::size_t>(a.q_heads) * L : 0);
+  return c.bytes();
+}
+
+[[nodiscard]] inline unsigned grid_for(std::int64_t n, int threads) noexcept {
+  const std::int64_t g = (n + threads - 1) / threads;
+  return static_cast<unsigned>(std::clamp<std::int64_t>(g, 1, 65535));
+}
+
+template <class S, class T, class Q>
+[[nodiscard]] result launch_scores(const S& scorer, const layer_inputs<kv_view<const T>, Q>& in, const plan_params& p,
+                                   const attention_params& a, const plan_workspace& w, cudaStream_t stream) noexcept {
+  const std::int64_t rows = static_cast<std::int64_t>(p.batch) * p.heads;
+  if constexpr (S::source == score_source::position) {
+    score_position_kernel<<<grid_for(rows * p.tokens, 256), 256, 0, stream>>>(scorer, p.batch, p.heads, p.tokens,
+                                                                              w.scores);
+  } else if constexpr (S::source == score_source::keys) {
+    const kv_view<const T>& k = in.keys;
+    const int per_block = staged_rows(k.head_dim, sizeof(T));
+    if (per_block < 1)
+      return result::error(status::not_supported, "head_dim = %lld is too large for the key scoring kernel",
+                           static_cast<long long>(k.head_dim));
+    const dim3 grid(static_cast<unsigned>((p.tokens + per_block - 1) / per_block), static_cast<unsigned>(rows));
+    const std::size_t smem = static_cast<std::size_t>(per_block) * 4u * staged_row_words(k.head_dim, sizeof(T));
+    constexpr std::int64_t e = sizeof(T);
+    const bool vec = k.stride_dim == 1 && (k.head_dim * e) % 16 == 0 &&
+                     reinterpret_cast<std::uintptr_t>(k.data) % 16 == 0 && (k.stride_token * e) % 16 == 0 &&
+                     (k.stride_head * e) % 16 == 0 && (k.stride_batch * e) % 16 == 0;
+    if (vec)
+      score_keys_kernel<S, T, true><<<grid, key_score_threads, smem, stream>>>(scorer, k, per_block, w.scores);
+    else
+      score_keys_kernel<S, T, false><<<grid, key_score_threads, smem, stream>>>(scorer, k, per_block, w.scores);
+  } else {
+    if (!a.column_sums && a.total_rows > 0)
+      attention_stats_kernel<T, Q><<<dim3(static_cast<unsigned>(a.total_rows), static_cast<unsigned>(a.q_heads),
+                                          static_cast<unsigned>(p.batch)),
+                                     attention_threads, 0, stream>>>(a, in, w.stats);
+    attention_accumulate_kernel<S::source, T, Q>
+        <<<dim3(static_cast<unsigned>((p.tokens + attention_threads - 1) / attention_threads),
+                static_cast<unsigned>(a.q_heads), static_cast<unsigned>(p.batch)),
+           attention_threads, 0, stream>>>(a, in, w.stats, w.acc);
+    attention_finalize_kernel<S::source>
+        <<<grid_for(rows * p.tokens, 256), 256, 0, stream>>>(a, p.batch, p.heads, p.tokens, w.acc, w.scores);
+    if constexpr (S::source != score_source::observed_attention)
+      attention_pad_kernel<<<dim3(static_cast<unsigned>(a.n_regions), static_cast<unsigned>(p.batch)),
+                             attention_threads, 0, stream>>>(a, p.heads, p.tokens, w.scores);
+  }
+  return from_cuda(cudaGetLastError());
+}
+
+}  // namespace detail
+
+// Checks everything plan() checks on the host, without touching the device. `out` must describe device memory
+// of the right extents. A success means plan() will launch (device errors aside).
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result can_implement(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                                   std::span<const segment> segments, std::span<const std::int32_t> whitelist,
+                                   double ratio, const keep_plan_view& out) noexcept {
+  detail::plan_params p;
+  detail::attention_params a;
+  FAIRKV_TRY(detail::prepare(pol, in, segments, whitelist, ratio, true, p, a));
+  if (out.indices == nullptr || out.counts == nullptr || out.lengths == nullptr)
+    return result::error(status::null_pointer, "the output plan's indices, counts and lengths must be non-null");
+  if (out.batch != in.keys.batch || out.heads != in.keys.heads || out.capacity < in.keys.tokens)
+    return result::error(status::invalid_shape,
+                         "the output plan is [batch %lld, heads %lld, capacity %lld] but the keys need "
+                         "[%lld, %lld, >= %lld]",
+                         static_cast<long long>(out.batch), static_cast<long long>(out.heads),
+                         static_cast<long long>(out.capacity), static_cast<long long>(in.keys.batch),
+                         static_cast<long long>(in.keys.heads), static_cast<long long>(in.keys.tokens));
+  return {};
+}
+
+// Plans one layer on the device. With d_temp_storage == nullptr only temp_storage_bytes is written.
+// On error nothing has been launched, except for device_error results from the launches themselves.
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result plan(void* d_temp_storage, std::size_t& temp_storage_bytes, const policy<S, Sel, A>& pol,
+                          const layer_inputs<KeySource, Q>& in, std::span<const segment> segments,
+                          std::span<const std::int32_t> whitelist, double ratio, keep_plan_view out,
+                          cudaStream_t stream = nullptr) noexcept {
+  using T = typename KeySource::value_type;
+  detail::plan_params p;
+  detail::attention_params a;
+  detail::plan_workspace w;
+  if (d_temp_storage == nullptr) {
+    FAIRKV_TRY(detail::prepare(pol, in, segments, whitelist, ratio, false, p, a));
+    temp_storage_bytes = detail::layout<S, Sel>(nullptr, w, p, a);
+    return {};
+  }
+  FAIRKV_TRY(detail::prepare(pol, in, segments, whitelist, ratio, true, p, a));
+  const std::size_t needed = detail::layout<S, Sel>(nullptr, w, p, a);
+  if (temp_storage_bytes < needed)
+    return result::error(status::insufficient_workspace, "temp_storage_bytes = %zu but the plan needs %zu",
+                         temp_storage_bytes, needed);
+  FAIRKV_TRY(can_implement(pol, in, segments, whitelist, ratio, out));
+  detail::layout<S, Sel>(detail::align_base(d_temp_storage), w, p, a);
+
+  FAIRKV_TRY((detail::launch_scores<S, T, Q>(pol.scorer, in, p, a, w, stream)));
+  const unsigned groups = static_cast<unsigned>(p.groups);
+  const std::int64_t rows = static_cast<std::int64_t>(p.batch) * p.heads;
+  if constexpr (Sel::kind == selection_kind::per_head) {
+    detail::select_kernel<selection_kind::per_head>
+        <<<dim3(static_cast<unsigned>(rows), groups), detail::select_threads, 0, stream>>>(p, w.scores, w.keep);
+  } else if constexpr (Sel::kind == selection_kind::union_heads) {
+    detail::head_mean_kernel<<<detail::grid_for(static_cast<std::int64_t>(p.batch) * p.tokens, 256), 256, 0,
+                               stream>>>(w.scores, p.batch, p.heads, p.tokens, w.mean);
+    detail::select_kernel<selection_kind::union_heads>
+        <<<dim3(static_cast<unsigned>(p.batch), groups), detail::select_threads, 0, stream>>>(p, w.mean, w.keep);
+  } else if constexpr (Sel::kind == selection_kind::head_adaptive) {
+    detail::select_kernel<selection_kind::head_adaptive>
+        <<<dim3(static_cast<unsigned>(p.batch), groups), detail::select_threads, 0, stream>>>(p, w.scores, w.keep);
+  } else {
+    static_assert(dependent_false<Sel>, "fairkv::cuda::plan: unknown selection_kind");
+  }
+  detail::emit_kernel<<<static_cast<unsigned>(rows), detail::emit_threads, 0, stream>>>(
+      w.keep, p.heads, p.tokens, Sel::kind == selection_kind::union_heads, out);
+  return from_cuda(cudaGetLastError());
+}
+
+}  // namespace fairkv::cuda

@@ -1,0 +1,15 @@
+# Fails unless the README contains, between "<!-- api-tour:begin -->" and "<!-- api-tour:end -->", the part of
+# api_tour.cpp between "// tour:begin" and "// tour:end" (so the documented code is the compiled code).
+file(READ ${README} readme)
+file(READ ${SOURCE} source)
+string(REGEX MATCH "// tour:begin\n(.*)// tour:end" _ "${source}")
+set(code "${CMAKE_MATCH_1}")
+string(REGEX MATCH "<!-- api-tour:begin -->\n```cpp\n(.*)```\n<!-- api-tour:end -->" _ "${readme}")
+set(doc "${CMAKE_MATCH_1}")
+if(code STREQUAL "")
+  message(FATAL_ERROR "no '// tour:begin' ... '// tour:end' block in ${SOURCE}")
+endif()
+if(NOT code STREQUAL doc)
+  message(FATAL_ERROR "README's API tour differs from ${SOURCE}; copy the tour block into the README")
+endif()
+message(STATUS "README API tour matches ${SOURCE}")

@@ -1,0 +1,98 @@
+// Hand-worked budgets for every shipped allocator, then the same allocators through the planner.
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include "fairkv/fairkv.hpp"
+#include "test_util.hpp"
+
+using namespace fairkv;
+
+namespace {
+std::vector<std::int64_t> allocate(auto alloc, std::int64_t n_keep, std::int64_t heads, std::vector<std::int64_t> sizes,
+                                   std::vector<std::int64_t> forced, std::vector<std::int64_t> own = {}) {
+  std::vector<std::int64_t> out(static_cast<std::size_t>(heads) * sizes.size(), -7), scratch(sizes.size());
+  const allocation_context ctx{n_keep, heads, sizes, forced, own, scratch};
+  const result r = alloc.allocate(ctx, out);
+  REQUIRE_MESSAGE(r.ok(), r.message());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("fair: largest remainder, ties to the lower segment, sums exactly") {
+  // sizes 3 and 7 of 10, keep 5: shares 1.5 / 3.5 -> floors 1, 3; one left, equal remainders -> segment 0.
+  CHECK(allocate(allocators::fair{}, 5, 1, {3, 7}, {0, 0}) == std::vector<std::int64_t>{2, 3});
+  // sizes 2, 3, 5, keep 4: shares 0.8 / 1.2 / 2.0 -> floors 0, 1, 2; the leftover goes to the largest remainder.
+  CHECK(allocate(allocators::fair{}, 4, 1, {2, 3, 5}, {0, 0, 0}) == std::vector<std::int64_t>{1, 1, 2});
+  // Every head gets the same budgets.
+  CHECK(allocate(allocators::fair{}, 4, 2, {2, 3, 5}, {0, 0, 0}) == std::vector<std::int64_t>{1, 1, 2, 1, 1, 2});
+  // Keep everything / keep one.
+  CHECK(allocate(allocators::fair{}, 10, 1, {2, 3, 5}, {0, 0, 0}) == std::vector<std::int64_t>{2, 3, 5});
+  CHECK(allocate(allocators::fair{}, 1, 1, {2, 3, 5}, {0, 0, 0}) == std::vector<std::int64_t>{0, 0, 1});
+}
+
+TEST_CASE("fair_with_whitelist: forced tokens are charged to their segment, the rest stays proportional") {
+  // sizes 5 and 5, keep 4, three forced in segment 0: its share (2) is below 3, so it is pinned at 3 and the
+  // other segment gets what is left.
+  CHECK(allocate(allocators::fair_with_whitelist{}, 4, 1, {5, 5}, {3, 0}) == std::vector<std::int64_t>{3, 1});
+  // Pinning one segment re-shares the rest proportionally: sizes 4, 4, 8 keep 8, forced 4 in segment 0:
+  // shares 2 / 2 / 4 -> segment 0 pinned at 4, then 4 tokens over sizes 4 and 8 -> 1.33 / 2.67 -> 1, 3.
+  CHECK(allocate(allocators::fair_with_whitelist{}, 8, 1, {4, 4, 8}, {4, 0, 0}) == std::vector<std::int64_t>{4, 1, 3});
+  // A forced count at its share is not pinned.
+  CHECK(allocate(allocators::fair_with_whitelist{}, 4, 1, {5, 5}, {2, 0}) == std::vector<std::int64_t>{2, 2});
+}
+
+TEST_CASE("debias: interpolates the plain policy's own counts (lambda 0) and fair (lambda 1)") {
+  const std::vector<std::int64_t> sizes{5, 5}, forced{0, 0}, own{4, 0};
+  CHECK(allocate(allocators::debias{0.0f}, 4, 1, sizes, forced, own) == own);
+  CHECK(allocate(allocators::debias{1.0f}, 4, 1, sizes, forced, own) == std::vector<std::int64_t>{2, 2});
+  CHECK(allocate(allocators::debias{0.5f}, 4, 1, sizes, forced, own) == std::vector<std::int64_t>{3, 1});
+  // 0.25: targets 3.5 / 0.5, equal fractions: the lower segment gets the leftover.
+  CHECK(allocate(allocators::debias{0.25f}, 4, 1, sizes, forced, own) == std::vector<std::int64_t>{4, 0});
+  // Per head: each head interpolates from its own counts.
+  CHECK(allocate(allocators::debias{0.5f}, 4, 2, sizes, forced, {4, 0, 0, 4}) ==
+        std::vector<std::int64_t>{3, 1, 1, 3});
+  std::vector<std::int64_t> out(2), scratch(2);
+  const allocation_context ctx{4, 1, sizes, forced, own, scratch};
+  CHECK(allocators::debias{1.5f}.allocate(ctx, out).code() == status::invalid_argument);
+}
+
+TEST_CASE("through the planner: per-segment kept counts follow the allocator") {
+  // 20 tokens, segments [0, 5) and [5, 20), keep 10 -> fair budgets 2.5 / 7.5 -> 3 / 7 (tie to segment 0).
+  // K-Norm keys whose norms grow with position: the plain policy keeps the 10 first tokens (5 of segment 0).
+  std::vector<float> k(20);
+  for (int t = 0; t < 20; ++t) k[t] = 1.0f + static_cast<float>(t);
+  const auto keys = keys_only(make_contiguous_view(k.data(), 1, 1, 20, 1));
+  const std::vector<segment> segs{{0, 5}, {5, 20}};
+  auto count_in = [](const std::vector<int>& kept, int b, int e) {
+    return std::count_if(kept.begin(), kept.end(), [&](int t) { return t >= b && t < e; });
+  };
+  keep_plan plan;
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::uniform>{}, keys, {}, {}, 0.5, plan).ok());
+  CHECK(count_in(plan.kept(0, 0), 0, 5) == 5);
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::fair>{}, keys, segs, {}, 0.5, plan).ok());
+  CHECK(plan.kept(0, 0) == std::vector<int>{0, 1, 2, 5, 6, 7, 8, 9, 10, 11});
+  // Whitelist: token 19 (the worst score) is forced; the budget shrinks for the others.
+  const std::vector<std::int32_t> wl{19};
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::whitelist>{}, keys, {}, wl, 0.5, plan).ok());
+  CHECK(plan.kept(0, 0) == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 19});
+  // Fair + whitelist: 19 is charged to segment 1 (budget 7 -> 6 chosen by score + 19).
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::fair_with_whitelist>{}, keys, segs, wl, 0.5,
+                    plan).ok());
+  CHECK(plan.kept(0, 0) == std::vector<int>{0, 1, 2, 5, 6, 7, 8, 9, 10, 19});
+  // debias 0 is the plain policy; debias 1 is fair.
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::debias>{{}, {}, {0.f}}, keys, segs, {}, 0.5,
+                    plan).ok());
+  CHECK(plan.kept(0, 0) == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::debias>{{}, {}, {1.f}}, keys, segs, {}, 0.5,
+                    plan).ok());
+  CHECK(plan.kept(0, 0) == std::vector<int>{0, 1, 2, 5, 6, 7, 8, 9, 10, 11});
+}
+
+TEST_CASE("uniform budget: floor(L * (1 - ratio)) in double like kvpress, at least one token") {
+  CHECK(keep_budget(100, 0.9) == 9);  // 100 * (1 - 0.9) = 9.999999999999998 in double
+  CHECK(keep_budget(10, 0.0) == 10);
+  CHECK(keep_budget(10, 0.99) == 1);
+  CHECK(keep_budget(1, 0.5) == 1);
+  CHECK(keep_budget(37, 0.7) == 11);
+}

@@ -1,0 +1,170 @@
+// Compaction: kept rows preserved bit-exactly in order, nothing written outside the view, for contiguous,
+// strided (llama.cpp rows, transposed V) and paged (NHD / HND) views, float / half / bfloat16.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "fairkv/fairkv.hpp"
+#include "test_util.hpp"
+
+using namespace fairkv;
+
+namespace {
+
+template <class T>
+std::vector<T> random_elements(std::size_t n, std::uint32_t seed) {
+  std::vector<T> v(n);
+  const auto f = fairkv_test::random_floats(n, seed);
+  for (std::size_t i = 0; i < n; ++i) v[i] = from_float<T>(f[i]);
+  return v;
+}
+
+template <class T>
+bool same_bits(const T* a, const T* b, std::size_t n) {
+  return std::memcmp(a, b, n * sizeof(T)) == 0;
+}
+
+// A plan with random per-head kept sets (ragged), built directly to exercise compaction alone.
+keep_plan random_plan(std::mt19937& rng, std::int64_t batch, std::int64_t heads, std::int64_t tokens) {
+  std::vector<segment> none;
+  std::vector<float> k(static_cast<std::size_t>(batch * heads * tokens));
+  for (auto& x : k) x = static_cast<float>(rng() % 1000);
+  keep_plan plan;
+  const double ratio = std::uniform_real_distribution<double>(0.0, 0.9)(rng);
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::head_adaptive, allocators::uniform>{{}, {0.1f}, {}},
+                    keys_only(make_contiguous_view(k.data(), batch, heads, tokens, 1)), none, {}, ratio, plan).ok());
+  return plan;
+}
+
+template <class T>
+void check_strided(std::mt19937& rng) {
+  const std::int64_t B = 2, H = 3, L = 37, D = 8, cap = 45;
+  // Keys: [B][H][cap][D] with slack tokens; values: transposed per head, [B][H][D][cap] (stride_dim = cap).
+  auto kbuf = random_elements<T>(static_cast<std::size_t>(B * H * cap * D), rng());
+  auto vbuf = random_elements<T>(static_cast<std::size_t>(B * H * D * cap), rng());
+  const auto k0 = kbuf, v0 = vbuf;
+  kv_view<T> kv{kbuf.data(), B, H, L, D, H * cap * D, cap * D, D, 1};
+  kv_view<T> vv{vbuf.data(), B, H, L, D, H * D * cap, D * cap, 1, cap};
+  const keep_plan plan = random_plan(rng, B, H, L);
+  REQUIRE(cpu::compact(plan.view(), kv, vv).ok());
+  std::vector<bool> k_written(kbuf.size(), false), v_written(vbuf.size(), false);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const auto kept = plan.kept(b, h);
+      for (std::size_t j = 0; j < kept.size(); ++j)
+        for (std::int64_t d = 0; d < D; ++d) {
+          const auto kd = static_cast<std::size_t>(b * H * cap * D + h * cap * D + static_cast<std::int64_t>(j) * D + d);
+          const auto ks = static_cast<std::size_t>(b * H * cap * D + h * cap * D + kept[j] * D + d);
+          REQUIRE(same_bits(&kbuf[kd], &k0[ks], 1));
+          k_written[kd] = true;
+          const auto vd = static_cast<std::size_t>(b * H * D * cap + h * D * cap + d * cap + static_cast<std::int64_t>(j));
+          const auto vs = static_cast<std::size_t>(b * H * D * cap + h * D * cap + d * cap + kept[j]);
+          REQUIRE(same_bits(&vbuf[vd], &v0[vs], 1));
+          v_written[vd] = true;
+        }
+    }
+  // Everything that is not a destination slot is untouched: slack tokens, evicted tail, other heads' memory.
+  for (std::size_t i = 0; i < kbuf.size(); ++i)
+    if (!k_written[i]) REQUIRE(same_bits(&kbuf[i], &k0[i], 1));
+  for (std::size_t i = 0; i < vbuf.size(); ++i)
+    if (!v_written[i]) REQUIRE(same_bits(&vbuf[i], &v0[i], 1));
+}
+
+template <class T>
+void check_paged(std::mt19937& rng, page_layout layout) {
+  const std::int64_t H = 2, D = 4, P = 5, pages = 16;
+  // Two sequences of 13 and 9 tokens over shuffled pages; two pages belong to no sequence.
+  std::vector<std::int32_t> ids(pages);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  const std::vector<std::int32_t> indptr{0, 3, 5};
+  const std::vector<std::int32_t> indices(ids.begin(), ids.begin() + 5);
+  const std::vector<std::int32_t> last{3, 4};
+  auto kpool = random_elements<T>(static_cast<std::size_t>(pages * P * H * D), rng());
+  auto vpool = random_elements<T>(static_cast<std::size_t>(pages * P * H * D), rng());
+  const auto k0 = kpool, v0 = vpool;
+  const auto view = make_paged_view(layout, kpool.data(), vpool.data(), pages, P, H, D, 2, indptr.data(),
+                                    indices.data(), last.data());
+  REQUIRE(view.tokens_of(0) == 13);
+  REQUIRE(view.tokens_of(1) == 9);
+  // Plan from the paged keys directly (scoring reads through the page table).
+  keep_plan plan;
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::uniform>{},
+                    layer_inputs<paged_side<const T>>{paged_side<const T>{view.keys().data, view.num_pages, 2, H, D, P,
+                                                                          view.stride_page, view.stride_slot,
+                                                                          view.stride_head, 1, indptr.data(),
+                                                                          indices.data(), last.data()}},
+                    {}, {}, 0.5, plan).ok());
+  REQUIRE(plan.count(0, 0) == 6);
+  REQUIRE(plan.count(1, 0) == 4);
+  // Reference: the kept rows, read through the page table of the original pools.
+  const auto ref_side = make_paged_view(layout, const_cast<T*>(k0.data()), const_cast<T*>(v0.data()), pages, P, H, D,
+                                        2, indptr.data(), indices.data(), last.data());
+  REQUIRE(cpu::compact(plan.view(), view).ok());
+  std::vector<bool> written(kpool.size(), false);
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const auto kept = plan.kept(b, h);
+      for (std::size_t j = 0; j < kept.size(); ++j) {
+        REQUIRE(same_bits(view.keys().row(b, h, static_cast<std::int64_t>(j)), ref_side.keys().row(b, h, kept[j]), D));
+        REQUIRE(same_bits(view.values().row(b, h, static_cast<std::int64_t>(j)), ref_side.values().row(b, h, kept[j]), D));
+        const auto off = static_cast<std::size_t>(view.keys().row(b, h, static_cast<std::int64_t>(j)) - kpool.data());
+        for (std::int64_t d = 0; d < D; ++d) written[off + static_cast<std::size_t>(d)] = true;
+      }
+    }
+  for (std::size_t i = 0; i < kpool.size(); ++i)
+    if (!written[i]) {
+      REQUIRE(same_bits(&kpool[i], &k0[i], 1));
+      REQUIRE(same_bits(&vpool[i], &v0[i], 1));
+    }
+  const auto usage = cpu::compacted_pages(plan.view(), 0, P);
+  CHECK(usage.pages == 2);
+  CHECK(usage.last_page_len == 1);
+}
+
+}  // namespace
+
+TEST_CASE("strided compaction preserves kept rows bit-exactly and writes nothing else") {
+  std::mt19937 rng(5);
+  for (int i = 0; i < 10; ++i) {
+    check_strided<float>(rng);
+    check_strided<half_t>(rng);
+    check_strided<bfloat16_t>(rng);
+  }
+}
+
+TEST_CASE("paged compaction (NHD and HND) moves tokens within each sequence's own pages only") {
+  std::mt19937 rng(11);
+  for (int i = 0; i < 10; ++i) {
+    check_paged<float>(rng, page_layout::nhd);
+    check_paged<float>(rng, page_layout::hnd);
+    check_paged<bfloat16_t>(rng, page_layout::nhd);
+    check_paged<half_t>(rng, page_layout::hnd);
+  }
+}
+
+TEST_CASE("plan + compact end to end: the compacted cache is the kept tokens in their original order") {
+  const std::int64_t H = 2, L = 50, D = 16;
+  auto k = fairkv_test::random_floats(H * L * D, 3), v = fairkv_test::random_floats(H * L * D, 4);
+  const auto k0 = k, v0 = v;
+  auto kv = make_contiguous_view(k.data(), 1, H, L, D);
+  auto vv = make_contiguous_view(v.data(), 1, H, L, D);
+  keep_plan plan;
+  const std::vector<segment> segs{{0, 10}, {10, 30}};
+  const std::vector<std::int32_t> wl{0, 49};
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::fair_with_whitelist>{}, keys_only(kv), segs, wl,
+                    0.6, plan).ok());
+  REQUIRE(cpu::compact(plan.view(), kv, vv).ok());
+  for (std::int64_t h = 0; h < H; ++h) {
+    const auto kept = plan.kept(0, h);
+    REQUIRE(kept.size() == 20);
+    for (std::size_t j = 0; j < kept.size(); ++j) {
+      CHECK(std::memcmp(&k[(h * L + static_cast<std::int64_t>(j)) * D], &k0[(h * L + kept[j]) * D], D * 4) == 0);
+      CHECK(std::memcmp(&v[(h * L + static_cast<std::int64_t>(j)) * D], &v0[(h * L + kept[j]) * D], D * 4) == 0);
+    }
+  }
+}

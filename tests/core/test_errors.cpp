@@ -1,0 +1,143 @@
+// Every invalid argument gives a status whose message names it, and the engine's memory is untouched.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "fairkv/fairkv.hpp"
+#include "test_util.hpp"
+
+using namespace fairkv;
+
+namespace {
+struct cache {
+  std::int64_t H = 2, L = 20, D = 4;
+  std::vector<float> k = fairkv_test::random_floats(static_cast<std::size_t>(H * L * D), 1);
+  std::vector<float> v = fairkv_test::random_floats(static_cast<std::size_t>(H * L * D), 2);
+  std::vector<float> q = fairkv_test::random_floats(static_cast<std::size_t>(2 * H * L * D), 3);
+  kv_view<float> kv() { return make_contiguous_view(k.data(), 1, H, L, D); }
+  kv_view<float> vv() { return make_contiguous_view(v.data(), 1, H, L, D); }
+};
+
+// Plans with an invalid argument, then tries to compact with whatever plan results: the cache must be
+// bit-identical afterwards, the status as expected, and the message must name `needle`.
+template <class P, class In>
+void expect_error(cache& c, const P& pol, const In& in, std::vector<segment> segs, std::vector<std::int32_t> wl,
+                  double ratio, status code, const char* needle) {
+  const auto k0 = c.k, v0 = c.v;
+  keep_plan plan;
+  const result r = cpu::plan(pol, in, segs, wl, ratio, plan);
+  CHECK(r.code() == code);
+  INFO("message: " << r.message());
+  CHECK(std::string(r.message()).find(needle) != std::string::npos);
+  CHECK(std::memcmp(c.k.data(), k0.data(), k0.size() * 4) == 0);
+  CHECK(std::memcmp(c.v.data(), v0.data(), v0.size() * 4) == 0);
+}
+
+using knorm_fair = policy<scorers::knorm, selectors::per_head, allocators::fair_with_whitelist>;
+}  // namespace
+
+TEST_CASE("invalid ratio, segments, whitelist") {
+  cache c;
+  const auto in = keys_only(c.kv());
+  expect_error(c, knorm_fair{}, in, {}, {}, 1.0, status::invalid_argument, "ratio");
+  expect_error(c, knorm_fair{}, in, {}, {}, -0.1, status::invalid_argument, "ratio");
+  expect_error(c, knorm_fair{}, in, {}, {}, std::nan(""), status::invalid_argument, "ratio");
+  expect_error(c, knorm_fair{}, in, {{0, 5}, {4, 8}}, {}, 0.5, status::overlapping_segments, "overlaps");
+  expect_error(c, knorm_fair{}, in, {{15, 25}}, {}, 0.5, status::out_of_range, "segments[0]");
+  expect_error(c, knorm_fair{}, in, {{5, 5}}, {}, 0.5, status::out_of_range, "segments[0]");
+  expect_error(c, knorm_fair{}, in, {}, {3, 20}, 0.5, status::out_of_range, "whitelist[1]");
+  expect_error(c, knorm_fair{}, in, {}, {-1}, 0.5, status::out_of_range, "whitelist[0]");
+  // 20 tokens at ratio 0.9 keep 1 (20 * (1 - 0.9) is 1.9999999999999996 in double): a whitelist of 3 distinct
+  // positions cannot fit, and duplicates count once.
+  expect_error(c, knorm_fair{}, in, {}, {1, 2, 3, 3}, 0.9, status::budget_exceeded, "whitelist holds 3");
+  keep_plan ok_plan;
+  CHECK(cpu::plan(knorm_fair{}, in, std::vector<segment>{}, std::vector<std::int32_t>{1, 1}, 0.9, ok_plan).ok());
+  // Segments or a whitelist given to an allocator that would ignore them is an error, not a silent no-op.
+  expect_error(c, policy<scorers::knorm, selectors::per_head, allocators::uniform>{}, in, {{0, 5}}, {}, 0.5,
+               status::invalid_argument, "does not use segments");
+  expect_error(c, policy<scorers::knorm, selectors::per_head, allocators::fair>{}, in, {}, {1}, 0.5,
+               status::invalid_argument, "ignores whitelists");
+}
+
+TEST_CASE("invalid views, shapes and inputs") {
+  cache c;
+  kv_view<float> null_view = c.kv();
+  null_view.data = nullptr;
+  expect_error(c, knorm_fair{}, keys_only(null_view), {}, {}, 0.5, status::null_pointer, "inputs.keys.data");
+  kv_view<float> empty = c.kv();
+  empty.tokens = 0;
+  expect_error(c, knorm_fair{}, keys_only(empty), {}, {}, 0.5, status::empty_cache, "no tokens");
+  kv_view<float> alias = c.kv();
+  alias.stride_token = 2;  // rows of 4 elements every 2: overlap
+  expect_error(c, knorm_fair{}, keys_only(alias), {}, {}, 0.5, status::invalid_shape, "overlapping strides");
+  // Attention scorers need queries or attention; GQA groups must divide; head_dim must match.
+  using snap = policy<scorers::snapkv<4>, selectors::per_head, allocators::uniform>;
+  expect_error(c, snap{}, keys_only(c.kv()), {}, {}, 0.5, status::missing_input, "inputs.queries");
+  expect_error(c, snap{}, with_queries(c.kv(), make_contiguous_view(c.q.data(), 1, 3, 4, c.D)), {}, {}, 0.5,
+               status::invalid_shape, "not a multiple of the 2 KV heads");
+  expect_error(c, snap{}, with_queries(c.kv(), make_contiguous_view(c.q.data(), 1, 2, 4, c.D - 1)), {}, {}, 0.5,
+               status::invalid_shape, "head_dim");
+  // Queries that do not reach back to a segment's window (fair SnapKV scores each segment on its own window).
+  using fair_snap = policy<scorers::snapkv<4>, selectors::per_head, allocators::fair>;
+  expect_error(c, fair_snap{}, with_queries(c.kv(), make_contiguous_view(c.q.data(), 1, 2, 4, c.D)), {{0, 10}}, {}, 0.5,
+               status::missing_input, "position");
+  // Segment-local H2O from accumulated column sums would mix segments.
+  std::vector<float> sums(static_cast<std::size_t>(2 * c.L), 0.1f);
+  layer_inputs<kv_view<const float>> in{c.kv().as_const()};
+  in.attention_column_sums = sums.data();
+  in.query_heads = 2;
+  expect_error(c, policy<scorers::h2o, selectors::per_head, allocators::fair>{}, in, {{0, 10}}, {}, 0.5,
+               status::missing_input, "segment-local H2O");
+  // Scorer and selector parameters.
+  scorers::snapkv<4> bad_window{};
+  bad_window.window = 0;
+  expect_error(c, snap{bad_window, {}, {}}, with_queries(c.kv(), make_contiguous_view(c.q.data(), 1, 2, 4, c.D)), {}, {},
+               0.5, status::invalid_argument, "scorer.window");
+  expect_error(c, policy<scorers::knorm, selectors::head_adaptive, allocators::uniform>{{}, {1.5f}, {}}, keys_only(c.kv()),
+               {}, {}, 0.5, status::invalid_argument, "alpha_safeguard");
+  expect_error(c, policy<scorers::knorm, selectors::per_head, allocators::debias>{{}, {}, {-1.f}}, keys_only(c.kv()), {},
+               {}, 0.5, status::invalid_argument, "lambda");
+}
+
+TEST_CASE("compaction rejects a plan that does not fit the view, before writing anything") {
+  cache c;
+  keep_plan plan;
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::uniform>{}, keys_only(c.kv()), {}, {}, 0.5, plan).ok());
+  const auto k0 = c.k, v0 = c.v;
+  // Wrong length.
+  kv_view<float> shorter = c.kv();
+  shorter.tokens = 19;
+  CHECK(cpu::compact(plan.view(), shorter, c.vv()).code() == status::invalid_plan);
+  // Corrupted plan: indices not ascending (head 1), so an in-place move could overwrite an unread source.
+  keep_plan_view bad = plan.view();
+  std::swap(bad.row(0, 1)[0], bad.row(0, 1)[1]);
+  const result r = cpu::compact(bad, c.kv(), c.vv());
+  CHECK(r.code() == status::invalid_plan);
+  CHECK(std::string(r.message()).find("ascending") != std::string::npos);
+  // V with other heads than the plan.
+  kv_view<float> v1 = c.vv();
+  v1.heads = 1;
+  CHECK(cpu::compact(plan.view(), c.kv(), v1).code() == status::invalid_plan);
+  CHECK(std::memcmp(c.k.data(), k0.data(), k0.size() * 4) == 0);
+  CHECK(std::memcmp(c.v.data(), v0.data(), v0.size() * 4) == 0);
+}
+
+TEST_CASE("workspace: size query, then too small a buffer is refused") {
+  cache c;
+  using P = policy<scorers::knorm, selectors::per_head, allocators::fair>;
+  std::size_t bytes = 0;
+  REQUIRE(cpu::plan(nullptr, bytes, P{}, keys_only(c.kv()), {}, {}, 0.5, keep_plan_view{}).ok());
+  CHECK(bytes > 0);
+  std::vector<std::byte> ws(bytes - 1);
+  keep_plan plan;
+  plan.resize(1, c.H, c.L);
+  std::size_t smaller = bytes - 1;
+  CHECK(cpu::plan(ws.data(), smaller, P{}, keys_only(c.kv()), {}, {}, 0.5, plan.view()).code() ==
+        status::insufficient_workspace);
+  ws.resize(bytes);
+  CHECK(cpu::plan(ws.data(), bytes, P{}, keys_only(c.kv()), {}, {}, 0.5, plan.view()).ok());
+  CHECK(plan.count(0, 0) == 10);
+}
