@@ -16,7 +16,9 @@ Cross-checks, run when the packages are importable (they are optional, not neede
 
 Usage: pip install gguf tokenizers   (optional: transformers torch llama-cpp-python)
        python3 scripts/gen_tokenizer_reference.py [--model PATH] [--out tests/data/tokenizer_reference.txt]
-Format: '#' comment lines, then per case three lines:  "text <json string>", "ids <space-separated ids>", blank.
+Format: '#' comment lines, then per case "text <json string>", "ids <space-separated ids>", optionally
+"decoded <json string>", and a blank line. Also writes tests/data/tokenizer_reference_ifeval.txt: token count + hash
+of the ids of every IFEval item of shared/data/pitfalls/sys_ifeval.jsonl (system, user, ChatML prompt).
 """
 import argparse
 import json
@@ -169,6 +171,34 @@ def cross_check_llama_cpp(model_path, cases, ref, decoded):
     return bad == 0
 
 
+def fnv1a64(ids):
+    """FNV-1a (64-bit) over the ids as little-endian int32 bytes; test_tokenizer.cpp computes the same."""
+    h = 0xcbf29ce484222325
+    for i in ids:
+        for b in (i & 0xffffffff).to_bytes(4, "little"):
+            h = ((h ^ b) * 0x100000001b3) & 0xffffffffffffffff
+    return h
+
+
+def write_ifeval_hashes(tok, path):
+    """Every IFEval item's system message, user message and full ChatML prompt: count + hash of the ids."""
+    lines = []
+    n_tokens = 0
+    for k, line in enumerate(open(os.path.join(PITFALLS, "sys_ifeval.jsonl"))):
+        msgs = json.loads(line)["messages"]
+        sys_msg, user_msg = msgs[0]["content"], msgs[1]["content"]
+        for kind, text in (("s", sys_msg), ("u", user_msg), ("c", CHATML.format(system=sys_msg, user=user_msg))):
+            ids = tok.encode(text, add_special_tokens=False).ids
+            n_tokens += len(ids)
+            lines.append(f"{k} {kind} {len(ids)} {fnv1a64(ids):016x}")
+    with open(path, "w") as f:
+        f.write("# Token count and FNV-1a-64 hash of the ids (int32 little-endian) of shared/data/pitfalls/sys_ifeval.jsonl:\n")
+        f.write("# per item (line index): s = system message, u = user message, c = ChatML prompt of both.\n")
+        f.write(f"# Written by scripts/gen_tokenizer_reference.py (same reference tokenizer). {n_tokens} tokens.\n")
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {len(lines)} hashes ({n_tokens} tokens) to {path}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model")
@@ -194,6 +224,7 @@ def main():
                 f.write("decoded " + json.dumps(d, ensure_ascii=True) + "\n")
             f.write("\n")
     print(f"wrote {len(cases)} cases, {sum(map(len, ref))} tokens to {args.out}")
+    write_ifeval_hashes(tok, os.path.join(os.path.dirname(args.out), "tokenizer_reference_ifeval.txt"))
     cross_check_transformers(model_path, cases, ref)
     if not cross_check_llama_cpp(model_path, cases, ref, decoded):
         sys.exit("llama.cpp disagrees with the reference: investigate before committing")

@@ -3,10 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "chat.hpp"
@@ -92,6 +94,31 @@ std::string json_unquote(std::string_view s) {
     }
   }
   return out;
+}
+
+// The JSON string literal starting at line[pos] (a '"'), decoded; `end` receives the index after it.
+std::string json_string_at(const std::string& line, size_t pos, size_t& end) {
+  REQUIRE(pos < line.size());
+  REQUIRE(line[pos] == '"');
+  size_t k = pos + 1;
+  while (k < line.size() && line[k] != '"') k += line[k] == '\\' ? 2 : 1;
+  REQUIRE(k < line.size());
+  end = k + 1;
+  return json_unquote(std::string_view(line).substr(pos, end - pos));
+}
+
+uint64_t fnv1a64(const std::vector<int32_t>& ids) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int32_t id : ids) {
+    const auto u = static_cast<uint32_t>(id);
+    for (int b = 0; b < 4; ++b) h = (h ^ ((u >> (8 * b)) & 0xFF)) * 0x100000001b3ull;
+  }
+  return h;
+}
+
+std::string pitfalls_data_dir() {
+  if (const char* env = std::getenv("FAIRKV_PITFALLS_DATA"); env && *env) return env;
+  return std::string(FAIRKV_SOURCE_DIR) + "/../shared/data/pitfalls";
 }
 
 struct reference_case {
@@ -286,6 +313,58 @@ TEST_CASE("tokenizer: SmolLM2 ids match the reference tokenizer exactly") {
     const std::string back = t.decode(t.encode(s));
     CHECK(back.size() <= s.size());
   }
+}
+
+TEST_CASE("tokenizer: every IFEval system/user message and ChatML prompt matches the reference (hashes)") {
+  const std::string path = llama::test::default_model_path();
+  if (llama::test::model_missing(path)) {
+    MESSAGE("SKIPPED: default model not installed");
+    return;
+  }
+  std::ifstream data(pitfalls_data_dir() + "/sys_ifeval.jsonl");
+  if (!data.good()) {
+    MESSAGE("SKIPPED: " << pitfalls_data_dir() << "/sys_ifeval.jsonl not found (set FAIRKV_PITFALLS_DATA)");
+    return;
+  }
+  std::ifstream ref(std::string(FAIRKV_TEST_DATA_DIR) + "/tokenizer_reference_ifeval.txt");
+  REQUIRE(ref.good());
+  // "index kind count hash" per line
+  std::vector<std::tuple<size_t, char, size_t, uint64_t>> expected;
+  for (std::string line; std::getline(ref, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream in(line);
+    size_t index, count;
+    char kind;
+    std::string hash;
+    in >> index >> kind >> count >> hash;
+    expected.emplace_back(index, kind, count, std::stoull(hash, nullptr, 16));
+  }
+  const auto f = llama::gguf::file::open(path);
+  const auto t = tokenizer::from_gguf(f);
+  size_t k = 0, index = 0, n_match = 0, n_tokens = 0;
+  for (std::string line; std::getline(data, line); ++index) {
+    std::vector<std::string> content;
+    for (size_t pos = line.find("\"content\": "); pos != std::string::npos; pos = line.find("\"content\": ", pos)) {
+      size_t end;
+      content.push_back(json_string_at(line, pos + 11, end));
+      pos = end;
+    }
+    REQUIRE(content.size() == 2);
+    for (const std::string& text : {content[0], content[1], llama::chat::prompt(content[0], content[1])}) {
+      REQUIRE(k < expected.size());
+      const auto& [e_index, e_kind, e_count, e_hash] = expected[k++];
+      CHECK(e_index == index);
+      const auto ids = t.encode(text);
+      CAPTURE(e_kind);
+      CAPTURE(text);
+      CHECK(ids.size() == e_count);
+      CHECK(fnv1a64(ids) == e_hash);
+      n_match += ids.size() == e_count && fnv1a64(ids) == e_hash;
+      n_tokens += ids.size();
+    }
+  }
+  CHECK(k == expected.size());
+  MESSAGE(n_match << "/" << expected.size() << " IFEval texts identical to the reference (" << n_tokens << " tokens)");
 }
 
 TEST_CASE("chat: ChatML turns, content token ranges, stop tokens") {
