@@ -1,0 +1,173 @@
+// plan + compact of one layer on the CPU backend: 8 KV heads, head_dim 128, float, 4k and 32k tokens, ratio 0.5,
+// for each policy, against a baseline measured in the same run: per head a plain std::nth_element on (score, index)
+// pairs + sort of the kept indices + memcpy compaction, with the same K-Norm scores computed by Eigen.
+// Each iteration restores the cache from a pristine copy outside the timed region, so every run does the same work.
+#include <benchmark/benchmark.h>
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "fairkv/fairkv.hpp"
+
+namespace {
+
+constexpr std::int64_t kHeads = 8, kDim = 128, kGroup = 4;  // GQA: 32 query heads
+constexpr double kRatio = 0.5;
+
+struct layer {
+  std::int64_t tokens;
+  std::vector<float> k0, v0, k, v, q, colsum;
+  std::vector<fairkv::segment> segments;
+  std::vector<std::int32_t> whitelist;
+  explicit layer(std::int64_t L) : tokens(L) {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> n(0.f, 1.f);
+    k0.resize(static_cast<std::size_t>(kHeads * L * kDim));
+    v0.resize(k0.size());
+    for (auto& x : k0) x = n(rng);
+    for (auto& x : v0) x = n(rng);
+    k = k0;
+    v = v0;
+    q.resize(static_cast<std::size_t>(kHeads * kGroup * 64 * kDim));
+    for (auto& x : q) x = n(rng);
+    colsum.resize(static_cast<std::size_t>(kHeads * kGroup * L));
+    for (std::int64_t i = 0; i < kHeads * kGroup * L; ++i) colsum[i] = std::abs(n(rng));
+    // The paper's shape: a defense and an instruction segment, then the rest; a whitelisted phrase.
+    segments = {{0, static_cast<std::int32_t>(L / 8)}, {static_cast<std::int32_t>(L / 8), static_cast<std::int32_t>(L / 2)}};
+    for (std::int32_t t = 4; t < 68; ++t) whitelist.push_back(t);
+  }
+  void restore() {
+    std::memcpy(k.data(), k0.data(), k.size() * sizeof(float));
+    std::memcpy(v.data(), v0.data(), v.size() * sizeof(float));
+  }
+  fairkv::kv_view<float> kv() { return fairkv::make_contiguous_view(k.data(), 1, kHeads, tokens, kDim); }
+  fairkv::kv_view<float> vv() { return fairkv::make_contiguous_view(v.data(), 1, kHeads, tokens, kDim); }
+};
+
+layer& get_layer(std::int64_t L) {
+  static layer l4k(4096), l32k(32768);
+  return L == 4096 ? l4k : l32k;
+}
+
+void set_bytes(benchmark::State& state, std::int64_t L) {
+  // Bandwidth floor: K read once for scoring, kept K and V read and written once.
+  const double n_keep = static_cast<double>(fairkv::keep_budget(L, kRatio));
+  const double bytes = static_cast<double>(kHeads * kDim * 4) * (static_cast<double>(L) + 4.0 * n_keep);
+  state.counters["floor_GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void baseline_nth_element(benchmark::State& state) {
+  const std::int64_t L = state.range(0);
+  layer& l = get_layer(L);
+  const std::int64_t n_keep = fairkv::keep_budget(L, kRatio);
+  std::vector<std::pair<float, std::int32_t>> pairs(static_cast<std::size_t>(L));
+  std::vector<std::int32_t> kept(static_cast<std::size_t>(n_keep));
+  for (auto _ : state) {
+    state.PauseTiming();
+    l.restore();
+    state.ResumeTiming();
+    for (std::int64_t h = 0; h < kHeads; ++h) {
+      using rm = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+      const Eigen::Map<const rm> keys(l.k.data() + h * L * kDim, L, kDim);
+      const Eigen::VectorXf norms = keys.rowwise().norm();
+      for (std::int64_t t = 0; t < L; ++t) pairs[t] = {-norms[t], static_cast<std::int32_t>(t)};
+      std::nth_element(pairs.begin(), pairs.begin() + (n_keep - 1), pairs.end(),
+                       [](const auto& a, const auto& b) { return a.first > b.first; });
+      for (std::int64_t j = 0; j < n_keep; ++j) kept[j] = pairs[j].second;
+      std::sort(kept.begin(), kept.end());
+      for (std::int64_t j = 0; j < n_keep; ++j) {
+        std::memcpy(l.k.data() + (h * L + j) * kDim, l.k.data() + (h * L + kept[j]) * kDim, kDim * sizeof(float));
+        std::memcpy(l.v.data() + (h * L + j) * kDim, l.v.data() + (h * L + kept[j]) * kDim, kDim * sizeof(float));
+      }
+    }
+    benchmark::DoNotOptimize(l.k.data());
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state, L);
+}
+
+template <class S, class Sel, class A>
+void fairkv_policy(benchmark::State& state, S scorer) {
+  const std::int64_t L = state.range(0);
+  layer& l = get_layer(L);
+  using P = fairkv::policy<S, Sel, A>;
+  fairkv::layer_inputs<fairkv::kv_view<const float>> in{l.kv().as_const()};
+  if constexpr (S::source == fairkv::score_source::observed_attention) {
+    in.attention_column_sums = l.colsum.data();
+    in.query_heads = kHeads * kGroup;
+  } else if constexpr (fairkv::is_attention_source(S::source)) {
+    in.queries = fairkv::make_contiguous_view(l.q.data(), 1, kHeads * kGroup, 64, kDim).as_const();
+  }
+  const std::vector<fairkv::segment> segs = A::uses_segments ? l.segments : std::vector<fairkv::segment>{};
+  const std::vector<std::int32_t> wl = A::uses_whitelist ? l.whitelist : std::vector<std::int32_t>{};
+  // Workspace and plan allocated once, as an engine would.
+  std::size_t bytes = 0;
+  if (!fairkv::cpu::plan(nullptr, bytes, P{scorer, {}, {}}, in, segs, wl, kRatio, fairkv::keep_plan_view{})) {
+    state.SkipWithError("workspace query failed");
+    return;
+  }
+  std::vector<std::byte> ws(bytes);
+  fairkv::keep_plan plan;
+  plan.resize(1, kHeads, L);
+  for (auto _ : state) {
+    state.PauseTiming();
+    l.restore();
+    state.ResumeTiming();
+    const fairkv::result r = fairkv::cpu::plan(ws.data(), bytes, P{scorer, {}, {}}, in, segs, wl, kRatio, plan.view());
+    if (!r) {
+      state.SkipWithError(r.message());
+      return;
+    }
+    if (!fairkv::cpu::compact(plan.view(), l.kv(), l.vv())) {
+      state.SkipWithError("compact failed");
+      return;
+    }
+    benchmark::DoNotOptimize(l.k.data());
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state, L);
+}
+
+template <class S, class Sel, class A>
+void add(const char* name, S scorer = {}) {
+  benchmark::RegisterBenchmark(name, [scorer](benchmark::State& st) { fairkv_policy<S, Sel, A>(st, scorer); })
+      ->Arg(4096)
+      ->Arg(32768)
+      ->Unit(benchmark::kMillisecond);
+}
+
+void register_all() {
+  using namespace fairkv;
+  using ph = selectors::per_head;
+  benchmark::RegisterBenchmark("baseline_nth_element", baseline_nth_element)->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond);
+  add<scorers::knorm, ph, allocators::uniform>("knorm/uniform");
+  add<scorers::knorm, ph, allocators::whitelist>("knorm/whitelist");
+  add<scorers::knorm, ph, allocators::fair>("knorm/fair");
+  add<scorers::knorm, ph, allocators::fair_with_whitelist>("knorm/fair_with_whitelist");
+  add<scorers::knorm, ph, allocators::debias>("knorm/debias0.5", {});
+  add<scorers::knorm, selectors::union_heads, allocators::uniform>("knorm/union/uniform");
+  add<scorers::knorm, selectors::head_adaptive, allocators::uniform>("knorm/head_adaptive/uniform");
+  add<scorers::streaming_llm<>, ph, allocators::uniform>("streaming_llm/uniform");
+  add<scorers::streaming_llm<>, ph, allocators::fair_with_whitelist>("streaming_llm/fair_with_whitelist");
+  add<scorers::snapkv<16>, ph, allocators::uniform>("snapkv16/uniform");
+  add<scorers::snapkv<16>, ph, allocators::whitelist>("snapkv16/whitelist");
+  add<scorers::tova, ph, allocators::uniform>("tova/uniform");
+  add<scorers::tova, ph, allocators::whitelist>("tova/whitelist");
+  add<scorers::h2o, ph, allocators::uniform>("h2o_colsum/uniform");
+  add<scorers::h2o, ph, allocators::whitelist>("h2o_colsum/whitelist");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
