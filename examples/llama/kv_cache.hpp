@@ -1,0 +1,110 @@
+// The KV cache in the layout fairkv views directly (RUNNER_SPEC.md): per layer K and V as
+// float [n_kv_heads][capacity][head_dim], keys after RoPE, and a length per head, because head-adaptive
+// eviction leaves heads with different numbers of tokens.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fairkv/views/kv_view.hpp"
+
+namespace llama {
+
+struct kv_layer {
+  std::vector<float> k;        // [n_kv_heads, capacity, head_dim], post-RoPE
+  std::vector<float> v;        // [n_kv_heads, capacity, head_dim]
+  std::vector<int32_t> len;    // [n_kv_heads] filled tokens of each head
+  std::vector<float> sys_q;    // [n_heads, n_sys, head_dim] post-RoPE queries of the system turn (optional)
+};
+
+class kv_cache {
+ public:
+  kv_cache() = default;
+  kv_cache(int n_layers, int n_heads, int n_kv_heads, int head_dim, int capacity)
+      : n_heads_(n_heads), n_kv_heads_(n_kv_heads), head_dim_(head_dim), capacity_(capacity) {
+    layers_.resize(size_t(n_layers));
+    for (kv_layer& l : layers_) {
+      l.k.assign(size_t(n_kv_heads) * size_t(capacity) * size_t(head_dim), 0.0f);
+      l.v.assign(size_t(n_kv_heads) * size_t(capacity) * size_t(head_dim), 0.0f);
+      l.len.assign(size_t(n_kv_heads), 0);
+    }
+  }
+
+  int n_layers() const noexcept { return int(layers_.size()); }
+  int n_heads() const noexcept { return n_heads_; }
+  int n_kv_heads() const noexcept { return n_kv_heads_; }
+  int head_dim() const noexcept { return head_dim_; }
+  int capacity() const noexcept { return capacity_; }
+
+  kv_layer& layer(int l) { return layers_.at(size_t(l)); }
+  const kv_layer& layer(int l) const { return layers_.at(size_t(l)); }
+
+  // Row t of head h: [head_dim] floats.
+  float* k_row(int l, int h, int t) { return layers_[size_t(l)].k.data() + offset(h, t); }
+  float* v_row(int l, int h, int t) { return layers_[size_t(l)].v.data() + offset(h, t); }
+  const float* k_row(int l, int h, int t) const { return layers_[size_t(l)].k.data() + offset(h, t); }
+  const float* v_row(int l, int h, int t) const { return layers_[size_t(l)].v.data() + offset(h, t); }
+
+  // Longest head of a layer (the space a batch of new tokens must fit after).
+  int max_len(int l) const {
+    const auto& len = layers_.at(size_t(l)).len;
+    return len.empty() ? 0 : *std::max_element(len.begin(), len.end());
+  }
+
+  void require_room(int n_new) const {
+    for (int l = 0; l < n_layers(); ++l)
+      if (max_len(l) + n_new > capacity_)
+        throw std::runtime_error("KV cache full: " + std::to_string(max_len(l)) + " + " + std::to_string(n_new) +
+                                 " tokens exceed the capacity of " + std::to_string(capacity_) +
+                                 " (raise it or shorten the prompt)");
+  }
+
+  // Per-head lengths of every layer, e.g. to restore the compressed system cache after a user turn: tokens
+  // appended after it live beyond these lengths, so truncating them is all that is needed (no copy).
+  std::vector<std::vector<int32_t>> lengths() const {
+    std::vector<std::vector<int32_t>> out;
+    out.reserve(layers_.size());
+    for (const kv_layer& l : layers_) out.push_back(l.len);
+    return out;
+  }
+  void set_lengths(const std::vector<std::vector<int32_t>>& lens) {
+    if (lens.size() != layers_.size()) throw std::runtime_error("kv_cache::set_lengths: wrong layer count");
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      if (lens[l].size() != size_t(n_kv_heads_)) throw std::runtime_error("kv_cache::set_lengths: wrong head count");
+      for (int32_t n : lens[l])
+        if (n < 0 || n > capacity_) throw std::runtime_error("kv_cache::set_lengths: length out of range");
+      layers_[l].len = lens[l];
+    }
+  }
+  void clear() {
+    for (kv_layer& l : layers_) {
+      std::fill(l.len.begin(), l.len.end(), 0);
+      l.sys_q.clear();
+    }
+  }
+
+  // fairkv views of one layer with `tokens` rows per head: {batch 1, n_kv_heads, tokens, head_dim},
+  // strides {.., capacity*head_dim, head_dim, 1}. The caller passes the common length (all heads equal
+  // right after a prefill, which is when the runner compresses).
+  fairkv::kv_view<float> k_view(int l, int tokens) { return view(layers_.at(size_t(l)).k.data(), tokens); }
+  fairkv::kv_view<float> v_view(int l, int tokens) { return view(layers_.at(size_t(l)).v.data(), tokens); }
+
+ private:
+  size_t offset(int h, int t) const noexcept {
+    return (size_t(h) * size_t(capacity_) + size_t(t)) * size_t(head_dim_);
+  }
+  fairkv::kv_view<float> view(float* data, int tokens) const noexcept {
+    return fairkv::make_capacity_view(data, 1, n_kv_heads_, tokens, capacity_, head_dim_);
+  }
+
+  int n_heads_ = 0;
+  int n_kv_heads_ = 0;
+  int head_dim_ = 0;
+  int capacity_ = 0;
+  std::vector<kv_layer> layers_;
+};
+
+}  // namespace llama

@@ -1,0 +1,16 @@
+# The Llama runner's headers as an INTERFACE target, shared by examples/llama/ and tests/llama/ (either may be
+# configured without the other, so both include this file).
+include_guard(GLOBAL)
+
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+
+option(FAIRKV_LLAMA_NATIVE "Compile the Llama runner for the host CPU (-march=native: AVX2/AVX-VNNI kernels)" ON)
+
+add_library(fairkv_llama INTERFACE)
+target_include_directories(fairkv_llama INTERFACE ${CMAKE_CURRENT_LIST_DIR})
+target_link_libraries(fairkv_llama INTERFACE fairkv::fairkv OpenMP::OpenMP_CXX)
+target_compile_features(fairkv_llama INTERFACE cxx_std_20)
+# The forward pass is unusably slow unoptimised (a test runs the 135M model): optimise in every configuration.
+# Eigen's own threading is off: the runner parallelises across heads and rows itself.
+target_compile_options(fairkv_llama INTERFACE -O3 $<$<BOOL:${FAIRKV_LLAMA_NATIVE}>:-march=native>)
+target_compile_definitions(fairkv_llama INTERFACE EIGEN_DONT_PARALLELIZE)
