@@ -1,6 +1,7 @@
 // GGUF reader: the real SmolLM2 file, a hand-built file, and fuzz-style truncation / corruption.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -231,7 +232,9 @@ TEST_CASE("gguf: random corruptions either parse or throw gguf::error") {
   const auto bytes = make_valid_file();
   std::mt19937_64 rng(20250207);
   int parsed = 0, rejected = 0;
-  constexpr int n_trials = 4000;
+  // FAIRKV_FUZZ_TRIALS raises the count for a longer (e.g. sanitizer) run.
+  const char* env_trials = std::getenv("FAIRKV_FUZZ_TRIALS");
+  const int n_trials = env_trials && *env_trials ? std::max(1, std::atoi(env_trials)) : 4000;
   for (int trial = 0; trial < n_trials; ++trial) {
     auto b = bytes;
     const int n_flips = 1 + static_cast<int>(rng() % 4);
@@ -320,6 +323,16 @@ TEST_CASE("gguf: the SmolLM2-135M-Instruct model file") {
     total += t.nbytes;
   }
   CHECK(total <= f.bytes().size() - f.data_offset());
+  // Cuts of the real file inside its 1.8 MB header (the vocabulary arrays) or its tensor data are errors too.
+  {
+    std::mt19937_64 rng(42);
+    const auto all = f.bytes();
+    for (int k = 0; k < 24; ++k) {
+      const size_t n = k < 20 ? rng() % (f.data_offset() + 64) : all.size() - 1 - rng() % 1000;
+      CAPTURE(n);
+      CHECK_THROWS_AS((void)gguf::file::from_memory(all.first(n)), gguf::error);
+    }
+  }
   // RMS-norm weights are small positive-ish floats: a wrong data offset would show garbage here.
   float w0;
   std::memcpy(&w0, f.tensor("output_norm.weight").data, 4);
