@@ -10,6 +10,7 @@
 #include "fairkv/cpu/compact.hpp"
 #include "fairkv/cpu/plan.hpp"
 #include "fairkv/cpu/rerotate.hpp"
+#include "fairkv/dispatch.hpp"
 #include "fairkv/dtype.hpp"
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/layer_inputs.hpp"

@@ -70,3 +70,27 @@ TEST_CASE("a user-defined scorer and allocator compose with the shipped selector
   CHECK(r.code() == fairkv::status::internal_error);
   CHECK(std::string(r.message()).find("last_group_first") != std::string::npos);
 }
+
+#include <sstream>
+
+#include "fairkv/dispatch.hpp"
+
+TEST_CASE("dispatch turns runtime names into the compile-time policy they name") {
+  fairkv::policy_spec spec;
+  REQUIRE(fairkv::parse("snapkv", spec.scorer).ok());
+  REQUIRE(fairkv::parse("union", spec.selector).ok());
+  REQUIRE(fairkv::parse("fair_with_whitelist", spec.allocator).ok());
+  spec.window = 16;
+  const std::string name = fairkv::dispatch(spec, [](auto pol) {
+    using P = decltype(pol);
+    std::ostringstream out;  // (std::string operator+ trips a GCC 12 -Wrestrict false positive under -O3)
+    out << P::scorer_type::name << '/' << P::selector_type::name << '/' << P::allocator_type::name;
+    if constexpr (requires { pol.scorer.window; }) out << '/' << pol.scorer.window;
+    return out.str();
+  });
+  CHECK(name == "snapkv/union/fair_with_whitelist/16");
+  fairkv::scorer_kind s{};
+  const fairkv::result bad = fairkv::parse("snap", s);
+  CHECK(bad.code() == fairkv::status::invalid_argument);
+  CHECK(std::string(bad.message()).find("unknown scorer 'snap'") != std::string::npos);
+}
