@@ -1,0 +1,131 @@
+// Compression of the prefilled system turn with a fairkv policy, layer by layer, on the cache in place:
+// fairkv::cpu::plan on a view of the layer's keys (plus the system turn's post-RoPE queries for the attention
+// scorers), then fairkv::cpu::compact of K and V, then the per-head lengths shortened to the plan's counts.
+//
+// The CLI's runtime choices (policy name, selector, fair / whitelist) become one compile-time fairkv::policy
+// here and nowhere else.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fairkv/fairkv.hpp"
+#include "kv_cache.hpp"
+
+namespace llama {
+
+struct compress_request {
+  std::string policy = "none";         // none | knorm | streaming_llm | snapkv | tova | h2o
+  double ratio = 0.0;                  // fraction evicted, in [0, 1)
+  int window = 64;                     // snapkv observation window
+  std::string selector = "per_head";   // per_head | union | head_adaptive
+  bool fair = false;                   // fair allocation over `segments`
+  std::vector<fairkv::segment> segments;  // token ranges in the system turn (used for allocation when fair)
+  std::vector<int32_t> whitelist;         // system-turn token indices always kept
+};
+
+struct compress_result {
+  // kept[l][h][i]: 1 if system token i is kept in (layer l, KV head h); what the JSON statistics are made of.
+  std::vector<std::vector<std::vector<uint8_t>>> kept;
+  int window_used = 0;  // snapkv's window after clamping to the system turn
+};
+
+inline bool is_known_policy(const std::string& p) {
+  return p == "none" || p == "knorm" || p == "streaming_llm" || p == "snapkv" || p == "tova" || p == "h2o";
+}
+
+namespace detail {
+
+template <class F>
+void with_scorer(const compress_request& r, int window, F&& f) {
+  namespace sc = fairkv::scorers;
+  if (r.policy == "knorm") return f(sc::knorm{});
+  if (r.policy == "streaming_llm") return f(sc::streaming_llm<>{});
+  if (r.policy == "snapkv") {
+    sc::snapkv<> s;
+    s.window = window;
+    return f(s);
+  }
+  if (r.policy == "tova") return f(sc::tova{});
+  if (r.policy == "h2o") return f(sc::h2o{});
+  throw std::runtime_error("unknown policy '" + r.policy + "' (none, knorm, streaming_llm, snapkv, tova, h2o)");
+}
+
+template <class F>
+void with_selector(const compress_request& r, F&& f) {
+  namespace se = fairkv::selectors;
+  if (r.selector == "per_head") return f(se::per_head{});
+  if (r.selector == "union") return f(se::union_heads{});
+  if (r.selector == "head_adaptive") return f(se::head_adaptive{});
+  throw std::runtime_error("unknown selector '" + r.selector + "' (per_head, union, head_adaptive)");
+}
+
+template <class F>
+void with_allocator(const compress_request& r, F&& f) {
+  namespace al = fairkv::allocators;
+  const bool wl = !r.whitelist.empty();
+  if (r.fair) return wl ? f(al::fair_with_whitelist{}) : f(al::fair{});
+  return wl ? f(al::whitelist{}) : f(al::uniform{});
+}
+
+}  // namespace detail
+
+// Applies the requested policy to every layer of the cache, whose heads all hold the n_sys system-turn tokens
+// and whose layers carry the turn's post-RoPE queries (sys_q). Throws with fairkv's message on invalid input;
+// fairkv validates before writing, so a failure leaves the cache as it was for that layer.
+inline compress_result compress_system_turn(kv_cache& cache, int n_sys, const compress_request& req) {
+  compress_result out;
+  const int n_layers = cache.n_layers(), n_kv = cache.n_kv_heads(), hd = cache.head_dim();
+  out.kept.assign(size_t(n_layers), std::vector<std::vector<uint8_t>>(size_t(n_kv), std::vector<uint8_t>(size_t(n_sys), 1)));
+  if (req.policy == "none") return out;
+  if (!is_known_policy(req.policy)) throw std::runtime_error("unknown policy '" + req.policy + "'");
+  // kvpress requires more tokens than the window; clamp so short system prompts still compress.
+  out.window_used = std::max(1, std::min(req.window, n_sys - 1));
+
+  for (int l = 0; l < n_layers; ++l) {
+    kv_layer& cl = cache.layer(l);
+    for (int g = 0; g < n_kv; ++g)
+      if (cl.len[size_t(g)] != n_sys)
+        throw std::runtime_error("compress_system_turn: layer " + std::to_string(l) + " head " + std::to_string(g) +
+                                 " holds " + std::to_string(cl.len[size_t(g)]) + " tokens, expected the " +
+                                 std::to_string(n_sys) + " of the system turn");
+    if (cl.sys_q.size() != size_t(cache.n_heads()) * size_t(n_sys) * size_t(hd))
+      throw std::runtime_error("compress_system_turn: the system turn's queries were not captured");
+
+    fairkv::kv_view<float> keys = cache.k_view(l, n_sys), values = cache.v_view(l, n_sys);
+    // [1, n_heads, n_sys, head_dim]
+    const fairkv::kv_view<const float> queries =
+        fairkv::make_contiguous_view<const float>(cl.sys_q.data(), 1, cache.n_heads(), n_sys, hd);
+    const auto inputs = fairkv::with_queries(keys, queries);
+    fairkv::keep_plan plan;
+    fairkv::result res;
+    detail::with_scorer(req, out.window_used, [&](auto scorer) {
+      detail::with_selector(req, [&](auto selector) {
+        detail::with_allocator(req, [&](auto allocator) {
+          const fairkv::policy<decltype(scorer), decltype(selector), decltype(allocator)> pol{scorer, selector,
+                                                                                              allocator};
+          res = fairkv::cpu::plan(pol, inputs, std::span<const fairkv::segment>(req.segments),
+                                  std::span<const int32_t>(req.whitelist), req.ratio, plan);
+        });
+      });
+    });
+    if (!res.ok()) throw std::runtime_error("fairkv plan (layer " + std::to_string(l) + "): " + res.message());
+    for (int g = 0; g < n_kv; ++g) {
+      std::vector<uint8_t>& k = out.kept[size_t(l)][size_t(g)];
+      std::fill(k.begin(), k.end(), uint8_t{0});
+      for (int32_t i : plan.kept(0, g)) k[size_t(i)] = 1;
+    }
+    res = fairkv::cpu::compact(plan.view(), keys, values);
+    if (!res.ok()) throw std::runtime_error("fairkv compact (layer " + std::to_string(l) + "): " + res.message());
+    for (int g = 0; g < n_kv; ++g) cl.len[size_t(g)] = plan.count(0, g);
+    cl.sys_q.clear();  // only needed for scoring
+    cl.sys_q.shrink_to_fit();
+  }
+  return out;
+}
+
+}  // namespace llama
