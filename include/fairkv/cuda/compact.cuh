@@ -1,0 +1,331 @@
+// Stable in-place compaction of K and V on the device: slot j of every (batch, head) row receives the token
+// plan.indices[j] (ascending, so indices[j] >= j), for dense/strided kv_views and paged views, any element type.
+//
+// Why not one thread per slot: slot j is the SOURCE of an earlier slot j' (indices[j'] = j) and the DESTINATION
+// of slot j; if another block writes slot j before the block of j' has read it, the token is lost. The scheme
+// here (docs/cuda-backend.md has the proof):
+//   * a row is cut into chunks of C destination slots [j0, j1); chunks take tickets from an atomic counter, so a
+//     chunk's predecessors have started before it (decoupled look-back style, no deadlock);
+//   * a chunk first reads ALL its sources into shared memory, then publishes "read done";
+//   * before writing its destinations it waits only for the earlier chunks whose sources reach into
+//     [j0, j1) (indices are ascending, so those are the chunks c' < c with indices[last of c'] >= j0);
+//   * sources of later chunks are >= their own destinations > j1 - 1, so this chunk never overwrites them.
+// Every kept row is read once and written once (the bandwidth floor), with no copy through the workspace.
+//
+// The plan lives in device memory, so it is validated ON THE DEVICE by a kernel that runs first on the same
+// stream: if it finds a bad plan (or bad page tables) it records the first error in the workspace and the
+// compaction kernel writes nothing. read_compact_status() fetches that verdict (it synchronises the stream: call
+// it off the hot path, e.g. in debug builds or tests). Host-visible arguments are checked before any launch.
+#pragma once
+
+#include <cuda/atomic>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "fairkv/cuda/detail/workspace.cuh"
+#include "fairkv/cuda/error.cuh"
+#include "fairkv/keep_plan.hpp"
+#include "fairkv/status.hpp"
+#include "fairkv/views/kv_view.hpp"
+#include "fairkv/views/paged_kv_view.hpp"
+
+namespace fairkv::cuda {
+namespace detail {
+
+enum compact_error_code : int {
+  compact_ok = 0,
+  compact_length_mismatch = 1,  // plan.lengths[b] != the view's tokens of sequence b (b, -, tokens)
+  compact_bad_count = 2,        // counts outside [0, length]                                (b, h, count)
+  compact_not_ascending = 3,    // indices not strictly ascending inside [0, length)         (b, h, j)
+  compact_bad_indptr = 4,       // paged: indptr[0] != 0 or decreasing                       (b, -, -)
+  compact_bad_page = 5,         // paged: a page id outside [0, num_pages)                   (i, page, -)
+  compact_duplicate_page = 6,   // paged: a page listed twice                                (i, j, page)
+  compact_bad_last_page_len = 7,  // paged: last_page_len outside [1, page_size]             (b, len, -)
+};
+
+struct compact_state {
+  int code, a, b, c;  // first error found by the validation kernel (compact_error_code + its arguments)
+  int ticket;         // chunk tickets handed out so far
+};
+
+inline void __device__ report(compact_state* st, int code, int a, int b, int c) {
+  if (atomicCAS(&st->code, 0, code) == 0) {
+    st->a = a;
+    st->b = b;
+    st->c = c;
+  }
+}
+
+inline constexpr int compact_threads = 256;
+inline constexpr int compact_smem_bytes = 32 * 1024;
+
+// One block per (batch, head) row. `tokens` < 0: take each sequence's length from the paged side.
+template <class Side>
+__global__ void validate_plan_kernel(keep_plan_view plan, Side side, std::int64_t tokens, compact_state* st) {
+  const std::int64_t row = blockIdx.x, b = row / plan.heads, h = row % plan.heads;
+  const std::int64_t len = tokens >= 0 ? tokens : side.tokens_of(b);
+  if (h == 0 && threadIdx.x == 0 && plan.lengths[b] != len)
+    report(st, compact_length_mismatch, static_cast<int>(b), -1, static_cast<int>(len));
+  const std::int32_t n = plan.counts[row];
+  if (n < 0 || n > len || n > plan.capacity) {
+    if (threadIdx.x == 0) report(st, compact_bad_count, static_cast<int>(b), static_cast<int>(h), n);
+    return;
+  }
+  const std::int32_t* idx = plan.row(b, h);
+  for (std::int32_t j = threadIdx.x; j < n; j += blockDim.x)
+    if (idx[j] < 0 || idx[j] >= len || (j > 0 && idx[j] <= idx[j - 1]))
+      report(st, compact_not_ascending, static_cast<int>(b), static_cast<int>(h), j);
+}
+
+// Page tables (what paged_kv_view's host validate() checks, on the device). Grid-stride over the pages.
+template <class T>
+__global__ void validate_pages_kernel(paged_side<T> s, compact_state* st) {
+  const std::int64_t tid = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  if (tid == 0 && s.indptr[0] != 0) report(st, compact_bad_indptr, 0, -1, -1);
+  for (std::int64_t b = tid; b < s.batch; b += stride) {
+    if (s.indptr[b + 1] < s.indptr[b]) report(st, compact_bad_indptr, static_cast<int>(b), -1, -1);
+    if (s.indptr[b + 1] > s.indptr[b] && (s.last_page_len[b] < 1 || s.last_page_len[b] > s.page_size))
+      report(st, compact_bad_last_page_len, static_cast<int>(b), s.last_page_len[b], -1);
+  }
+  const std::int64_t nnz = s.indptr[s.batch];
+  for (std::int64_t i = tid; i < nnz; i += stride) {
+    const std::int32_t page = s.indices[i];
+    if (page < 0 || page >= s.num_pages) report(st, compact_bad_page, static_cast<int>(i), page, -1);
+    // A page shared by two positions would let one sequence's compaction overwrite another's tokens.
+    for (std::int64_t j = i + 1; j < nnz; ++j)
+      if (s.indices[j] == page) report(st, compact_duplicate_page, static_cast<int>(i), static_cast<int>(j), page);
+  }
+}
+
+// A row of one side seen as `Unit`s: 16-byte vectors (contiguous, aligned rows) or single elements with the
+// dimension stride. Units are raw bits: the copy is bit-exact for every element type.
+template <class Unit, class Side>
+struct unit_side {
+  Side side;
+  std::int64_t unit_stride;  // in units
+  [[nodiscard]] __device__ Unit& at(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t u) const {
+    return reinterpret_cast<Unit*>(side.row(b, h, t))[u * unit_stride];
+  }
+};
+
+// grid = rows * chunks_per_row blocks, each takes the next ticket. flags [rows * chunks_per_row]
+template <class Unit, class SideK, class SideV>
+__global__ void __launch_bounds__(compact_threads)
+    compact_kernel(keep_plan_view plan, unit_side<Unit, SideK> k, unit_side<Unit, SideV> v, std::int32_t chunk,
+                   std::int32_t units, std::int64_t chunks_per_row, compact_state* st, int* flags) {
+  extern __shared__ unsigned char smem_raw[];
+  Unit* buf_k = reinterpret_cast<Unit*>(smem_raw);  // [chunk, units]
+  Unit* buf_v = buf_k + static_cast<std::int64_t>(chunk) * units;  // [chunk, units]
+  __shared__ std::int64_t item;
+  if (threadIdx.x == 0) item = atomicAdd(&st->ticket, 1);
+  __syncthreads();
+  if (*static_cast<volatile int*>(&st->code) != compact_ok) return;  // the plan failed validation: write nothing
+  const std::int64_t it = item;
+  const std::int64_t row = it / chunks_per_row, c = it % chunks_per_row;
+  const std::int64_t b = row / plan.heads, h = row % plan.heads;
+  const std::int64_t n = plan.counts[row];
+  const std::int64_t j0 = c * chunk;
+  const std::int32_t* idx = plan.indices + row * plan.capacity;
+  auto publish = [&] {
+    __threadfence();
+    ::cuda::atomic_ref<int, ::cuda::thread_scope_device>(flags[it]).store(1, ::cuda::memory_order_release);
+  };
+  if (j0 >= n) {
+    if (threadIdx.x == 0) publish();
+    return;
+  }
+  const std::int64_t j1 = j0 + chunk < n ? j0 + chunk : n;
+  if (idx[j1 - 1] == j1 - 1) {  // ascending and indices[j] >= j: the whole chunk is an unmoved prefix
+    if (threadIdx.x == 0) publish();
+    return;
+  }
+  const std::int64_t rows_here = j1 - j0;
+  for (std::int64_t u = threadIdx.x; u < rows_here * units; u += compact_threads) {
+    const std::int64_t r = u / units, w = u % units;
+    const std::int64_t src = idx[j0 + r];
+    buf_k[r * units + w] = k.at(b, h, src, w);
+    buf_v[r * units + w] = v.at(b, h, src, w);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    publish();
+    // Earlier chunks of this row whose sources reach into [j0, j1) must have read them before we overwrite.
+    for (std::int64_t cp = c - 1; cp >= 0; --cp) {
+      if (idx[(cp + 1) * chunk - 1] < j0) break;
+      ::cuda::atomic_ref<int, ::cuda::thread_scope_device> f(flags[row * chunks_per_row + cp]);
+      while (f.load(::cuda::memory_order_acquire) == 0) {
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+  for (std::int64_t u = threadIdx.x; u < rows_here * units; u += compact_threads) {
+    const std::int64_t r = u / units, w = u % units;
+    const std::int64_t j = j0 + r;
+    if (idx[j] == j) continue;
+    k.at(b, h, j, w) = buf_k[r * units + w];
+    v.at(b, h, j, w) = buf_v[r * units + w];
+  }
+}
+
+struct compact_workspace {
+  compact_state* state = nullptr;  // [1]
+  int* flags = nullptr;            // [rows * chunks_per_row]
+};
+
+inline std::size_t compact_layout(void* base, compact_workspace& w, std::int64_t items) noexcept {
+  workspace_carver c(base);
+  c.carve(w.state, 1);
+  c.carve(w.flags, static_cast<std::size_t>(items));
+  return c.bytes();
+}
+
+[[nodiscard]] inline std::int32_t chunk_rows(std::int64_t row_bytes) noexcept {
+  const std::int64_t c = compact_smem_bytes / (2 * row_bytes);
+  return static_cast<std::int32_t>(c < 1 ? 1 : (c > 64 ? 64 : c));
+}
+
+template <class T, class Side>
+[[nodiscard]] bool vector_rows(const Side& s) noexcept {
+  constexpr std::int64_t e = sizeof(T);
+  bool ok = s.stride_dim == 1 && (s.head_dim * e) % 16 == 0 && reinterpret_cast<std::uintptr_t>(s.data) % 16 == 0 &&
+            (s.stride_head * e) % 16 == 0;
+  if constexpr (requires { s.stride_page; })
+    ok = ok && (s.stride_page * e) % 16 == 0 && (s.stride_slot * e) % 16 == 0;
+  else
+    ok = ok && (s.stride_token * e) % 16 == 0 && (s.stride_batch * e) % 16 == 0;
+  return ok;
+}
+
+// Launches validation + compaction for sides K and V (same element type T).
+template <class T, class SideK, class SideV>
+[[nodiscard]] result launch_compact(void* d_temp, std::size_t& bytes, const keep_plan_view& plan, const SideK& k,
+                                    const SideV& v, std::int64_t head_dim, std::int64_t tokens,
+                                    cudaStream_t stream) noexcept {
+  const std::int64_t row_bytes = head_dim * static_cast<std::int64_t>(sizeof(T));
+  if (2 * row_bytes > 48 * 1024)
+    return result::error(status::not_supported, "head_dim = %lld is too large for the compaction kernel",
+                         static_cast<long long>(head_dim));
+  const std::int32_t chunk = chunk_rows(row_bytes);
+  const std::int64_t cpr = (plan.capacity + chunk - 1) / chunk;
+  const std::int64_t items = plan.rows() * cpr;
+  if (items > INT32_MAX)
+    return result::error(status::not_supported, "the plan has too many rows x capacity for one launch");
+  compact_workspace w;
+  const std::size_t needed = compact_layout(nullptr, w, items);
+  if (d_temp == nullptr) {
+    bytes = needed;
+    return {};
+  }
+  if (bytes < needed)
+    return result::error(status::insufficient_workspace, "temp_storage_bytes = %zu but the compaction needs %zu",
+                         bytes, needed);
+  void* base = align_base(d_temp);
+  compact_layout(base, w, items);
+  FAIRKV_CUDA_TRY(cudaMemsetAsync(base, 0, needed - 256, stream));
+  if (plan.rows() == 0) return {};
+  validate_plan_kernel<<<static_cast<unsigned>(plan.rows()), 256, 0, stream>>>(plan, k, tokens, w.state);
+  if constexpr (requires { k.indptr; })
+    validate_pages_kernel<<<64, 256, 0, stream>>>(k, w.state);
+  const bool vec = vector_rows<T>(k) && vector_rows<T>(v);
+  using raw = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>;
+  if (vec) {
+    const auto units = static_cast<std::int32_t>(row_bytes / 16);
+    const std::size_t smem = 2u * static_cast<std::size_t>(chunk) * static_cast<std::size_t>(units) * 16u;
+    compact_kernel<uint4, SideK, SideV><<<static_cast<unsigned>(items), compact_threads, smem, stream>>>(
+        plan, unit_side<uint4, SideK>{k, 1}, unit_side<uint4, SideV>{v, 1}, chunk, units, cpr, w.state, w.flags);
+  } else {
+    const auto units = static_cast<std::int32_t>(head_dim);
+    const std::size_t smem = 2u * static_cast<std::size_t>(chunk) * static_cast<std::size_t>(units) * sizeof(raw);
+    compact_kernel<raw, SideK, SideV><<<static_cast<unsigned>(items), compact_threads, smem, stream>>>(
+        plan, unit_side<raw, SideK>{k, k.stride_dim}, unit_side<raw, SideV>{v, v.stride_dim}, chunk, units, cpr,
+        w.state, w.flags);
+  }
+  return from_cuda(cudaGetLastError());
+}
+
+[[nodiscard]] inline result check_plan_extents(const keep_plan_view& plan, std::int64_t batch, std::int64_t heads,
+                                               const char* name) noexcept {
+  if (plan.indices == nullptr || plan.counts == nullptr || plan.lengths == nullptr)
+    return result::error(status::null_pointer, "plan: indices, counts and lengths must be non-null");
+  if (batch != plan.batch || heads != plan.heads)
+    return result::error(status::invalid_plan, "%s is [batch %lld, heads %lld] but the plan is [%lld, %lld]", name,
+                         static_cast<long long>(batch), static_cast<long long>(heads),
+                         static_cast<long long>(plan.batch), static_cast<long long>(plan.heads));
+  return {};
+}
+
+}  // namespace detail
+
+// Dense or strided K and V (they may have different strides, e.g. transposed V). Two-phase temp storage.
+template <class T>
+[[nodiscard]] result compact(void* d_temp_storage, std::size_t& temp_storage_bytes, const keep_plan_view& plan,
+                             kv_view<T> keys, kv_view<T> values, cudaStream_t stream = nullptr) noexcept {
+  static_assert(!std::is_const_v<T>, "fairkv::cuda::compact writes the cache: pass views of non-const elements");
+  FAIRKV_TRY(detail::check_plan_extents(plan, keys.batch, keys.heads, "keys"));
+  FAIRKV_TRY(validate(keys, "keys"));
+  FAIRKV_TRY(validate(values, "values"));
+  FAIRKV_TRY(detail::check_plan_extents(plan, values.batch, values.heads, "values"));
+  if (keys.tokens != values.tokens || keys.head_dim != values.head_dim)
+    return result::error(status::invalid_shape, "keys are [tokens %lld, head_dim %lld] but values are [%lld, %lld]",
+                         static_cast<long long>(keys.tokens), static_cast<long long>(keys.head_dim),
+                         static_cast<long long>(values.tokens), static_cast<long long>(values.head_dim));
+  return detail::launch_compact<T>(d_temp_storage, temp_storage_bytes, plan, keys, values, keys.head_dim,
+                                   keys.tokens, stream);
+}
+
+// Paged K and V: tokens move within each sequence's own pages; the page tables are device memory and are
+// validated on the device. Pages past the new (longest per-head) count can then be freed by the engine.
+template <class T>
+[[nodiscard]] result compact(void* d_temp_storage, std::size_t& temp_storage_bytes, const keep_plan_view& plan,
+                             const paged_kv_view<T>& view, cudaStream_t stream = nullptr) noexcept {
+  static_assert(!std::is_const_v<T>, "fairkv::cuda::compact writes the cache: pass a view of non-const elements");
+  FAIRKV_TRY(detail::check_plan_extents(plan, view.batch, view.heads, "view"));
+  if (view.k_data == nullptr || view.v_data == nullptr)
+    return result::error(status::null_pointer, "view: k_data and v_data must be non-null");
+  if (view.indptr == nullptr || view.indices == nullptr || view.last_page_len == nullptr)
+    return result::error(status::null_pointer, "view: indptr, indices and last_page_len must all be non-null");
+  if (view.batch <= 0 || view.num_pages <= 0 || view.page_size <= 0 || view.heads <= 0 || view.head_dim <= 0)
+    return result::error(status::invalid_shape, "view: batch, num_pages, page_size, heads and head_dim must be positive");
+  if (view.stride_page <= 0 || view.stride_slot <= 0 || view.stride_head <= 0 || view.stride_dim <= 0)
+    return result::error(status::invalid_shape, "view: strides must be positive");
+  return detail::launch_compact<T>(d_temp_storage, temp_storage_bytes, plan, view.keys(), view.values(),
+                                   view.head_dim, -1, stream);
+}
+
+// The device-side validation verdict of the last compact() that used this temp storage. Synchronises `stream`.
+[[nodiscard]] inline result read_compact_status(const void* d_temp_storage, cudaStream_t stream = nullptr) noexcept {
+  detail::compact_state st{};
+  FAIRKV_CUDA_TRY(cudaMemcpyAsync(&st, detail::align_base(const_cast<void*>(d_temp_storage)), sizeof(st),
+                                  cudaMemcpyDeviceToHost, stream));
+  FAIRKV_CUDA_TRY(cudaStreamSynchronize(stream));
+  switch (st.code) {
+    case detail::compact_ok: return {};
+    case detail::compact_length_mismatch:
+      return result::error(status::invalid_plan, "view sequence %d has %d tokens but the plan was made for another length",
+                           st.a, st.c);
+    case detail::compact_bad_count:
+      return result::error(status::invalid_plan, "plan: count of (batch %d, head %d) = %d exceeds its length", st.a,
+                           st.b, st.c);
+    case detail::compact_not_ascending:
+      return result::error(status::invalid_plan,
+                           "plan: indices of (batch %d, head %d) are not strictly ascending inside the sequence at %d",
+                           st.a, st.b, st.c);
+    case detail::compact_bad_indptr:
+      return result::error(status::invalid_shape, "view.indptr is not 0-based and non-decreasing (at %d)", st.a);
+    case detail::compact_bad_page:
+      return result::error(status::out_of_range, "view.indices[%d] = %d is outside [0, num_pages)", st.a, st.b);
+    case detail::compact_duplicate_page:
+      return result::error(status::invalid_shape, "view.indices lists page %d twice (positions %d and %d)", st.c, st.a,
+                           st.b);
+    case detail::compact_bad_last_page_len:
+      return result::error(status::invalid_shape, "view.last_page_len[%d] = %d is outside [1, page_size]", st.a, st.b);
+    default: return result::error(status::internal_error, "unknown compaction status %d", st.code);
+  }
+}
+
+}  // namespace fairkv::cuda

@@ -1,0 +1,7 @@
+// Umbrella header of the CUDA backend (needs nvcc, C++20): plan, compact, can_implement, from_cuda.
+// See docs/cuda-backend.md for the design, the limits and the build flags (-fmad=false for bitwise parity).
+#pragma once
+
+#include "fairkv/cuda/compact.cuh"
+#include "fairkv/cuda/error.cuh"
+#include "fairkv/cuda/plan.cuh"

@@ -1,0 +1,239 @@
+// GPU side of the parity suite: owns every device allocation (the library itself never allocates).
+#include "gpu_runner.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "fairkv/allocators/debias.hpp"
+#include "fairkv/cuda/cuda.cuh"
+
+namespace fairkv_test {
+namespace {
+
+using fairkv::result;
+using fairkv::status;
+
+// RAII device buffer: tests may allocate; the library may not.
+class device_buffer {
+ public:
+  device_buffer() = default;
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  result allocate(std::size_t bytes) {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = bytes;
+    if (bytes == 0) return {};
+    return fairkv::cuda::from_cuda(cudaMalloc(&ptr_, bytes));
+  }
+  template <class T>
+  result upload(const std::vector<T>& host) {
+    FAIRKV_TRY(allocate(host.size() * sizeof(T)));
+    if (host.empty()) return {};
+    return fairkv::cuda::from_cuda(cudaMemcpy(ptr_, host.data(), bytes_, cudaMemcpyHostToDevice));
+  }
+  template <class T>
+  result download(std::vector<T>& host) const {
+    host.resize(bytes_ / sizeof(T));
+    if (bytes_ == 0) return {};
+    return fairkv::cuda::from_cuda(cudaMemcpy(host.data(), ptr_, bytes_, cudaMemcpyDeviceToHost));
+  }
+  template <class T = void>
+  [[nodiscard]] T* get() const noexcept {
+    return static_cast<T*>(ptr_);
+  }
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// Never dereferenced: the host-only entry points must not touch device memory.
+template <class T>
+T* fake_device_pointer() {
+  return reinterpret_cast<T*>(std::uintptr_t{0x10000});
+}
+
+struct device_plan {
+  device_buffer indices, counts, lengths;
+  result allocate(std::int64_t batch, std::int64_t heads, std::int64_t capacity) {
+    FAIRKV_TRY(indices.allocate(static_cast<std::size_t>(batch * heads * capacity) * sizeof(std::int32_t)));
+    FAIRKV_TRY(counts.allocate(static_cast<std::size_t>(batch * heads) * sizeof(std::int32_t)));
+    return lengths.allocate(static_cast<std::size_t>(batch) * sizeof(std::int32_t));
+  }
+  [[nodiscard]] fairkv::keep_plan_view view(std::int64_t batch, std::int64_t heads, std::int64_t capacity) const {
+    return {indices.get<std::int32_t>(), counts.get<std::int32_t>(), lengths.get<std::int32_t>(), batch, heads,
+            capacity};
+  }
+  result upload(const fairkv::keep_plan& p) {
+    FAIRKV_TRY(allocate(p.batch(), p.heads(), p.capacity()));
+    const fairkv::keep_plan_view h = p.view();
+    FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemcpy(indices.get(), h.indices, indices.bytes(), cudaMemcpyHostToDevice)));
+    FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemcpy(counts.get(), h.counts, counts.bytes(), cudaMemcpyHostToDevice)));
+    return fairkv::cuda::from_cuda(cudaMemcpy(lengths.get(), h.lengths, lengths.bytes(), cudaMemcpyHostToDevice));
+  }
+};
+
+}  // namespace
+
+const device_info& probe_device() {
+  static const device_info info = [] {
+    device_info d;
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+      d.description = e != cudaSuccess ? std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e)
+                                       : std::string("cudaGetDeviceCount reports 0 devices");
+      return d;
+    }
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+      d.description = "cudaGetDeviceProperties failed";
+      return d;
+    }
+    d.available = true;
+    d.description = std::string(prop.name) + " (sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ")";
+    return d;
+  }();
+  return info;
+}
+
+int cuda_max_segments() { return fairkv::cuda::max_segments; }
+
+// Fake device pointers where the case has data, null where it has none (what the CPU side sees).
+template <class T>
+fairkv::layer_inputs<fairkv::kv_view<const T>> fake_inputs(const host_case& c) {
+  auto fake = [](const std::vector<float>& v) { return v.empty() ? nullptr : fake_device_pointer<const float>(); };
+  return make_inputs<T>(c, c.k_bytes.empty() ? nullptr : fake_device_pointer<const T>(), fake(c.queries),
+                        fake(c.attention), fake(c.column_sums));
+}
+
+result gpu_can_implement(const host_case& c) {
+  return with_policy(c, [&](const auto& pol, auto tag) -> result {
+    using T = decltype(tag);
+    const auto in = fake_inputs<T>(c);
+    const fairkv::keep_plan_view out{fake_device_pointer<std::int32_t>(), fake_device_pointer<std::int32_t>(),
+                                     fake_device_pointer<std::int32_t>(), c.batch, c.heads, c.tokens};
+    return fairkv::cuda::can_implement(pol, in, c.segments, c.whitelist, c.ratio, out);
+  });
+}
+
+result gpu_size_query(const host_case& c, std::size_t& bytes) {
+  return with_policy(c, [&](const auto& pol, auto tag) -> result {
+    using T = decltype(tag);
+    const auto in = fake_inputs<T>(c);
+    return fairkv::cuda::plan(nullptr, bytes, pol, in, c.segments, c.whitelist, c.ratio, fairkv::keep_plan_view{});
+  });
+}
+
+result gpu_plan_debias(const host_case& c) {
+  const fairkv::policy pol{fairkv::scorers::knorm{}, fairkv::selectors::per_head{}, fairkv::allocators::debias{0.5f}};
+  const auto in = make_inputs<float>(c, fake_device_pointer<const float>(), nullptr, nullptr, nullptr);
+  std::size_t bytes = 0;
+  return fairkv::cuda::plan(nullptr, bytes, pol, in, c.segments, c.whitelist, c.ratio, fairkv::keep_plan_view{});
+}
+
+result gpu_plan(const host_case& c, fairkv::keep_plan& out, bool graph) {
+  device_buffer keys, queries, attention, sums, temp;
+  FAIRKV_TRY(keys.upload(c.k_bytes));
+  FAIRKV_TRY(queries.upload(c.queries));
+  FAIRKV_TRY(attention.upload(c.attention));
+  FAIRKV_TRY(sums.upload(c.column_sums));
+  device_plan dp;
+  FAIRKV_TRY(dp.allocate(c.batch, c.heads, c.tokens));
+  const fairkv::keep_plan_view view = dp.view(c.batch, c.heads, c.tokens);
+  cudaStream_t stream = nullptr;
+  FAIRKV_TRY(fairkv::cuda::from_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
+  const result r = with_policy(c, [&](const auto& pol, auto tag) -> result {
+    using T = decltype(tag);
+    const auto in = make_inputs<T>(c, keys.get<const T>(), queries.get<const float>(), attention.get<const float>(),
+                                   sums.get<const float>());
+    std::size_t bytes = 0;
+    FAIRKV_TRY(fairkv::cuda::plan(nullptr, bytes, pol, in, c.segments, c.whitelist, c.ratio, view, stream));
+    FAIRKV_TRY(temp.allocate(bytes));
+    if (!graph) return fairkv::cuda::plan(temp.get(), bytes, pol, in, c.segments, c.whitelist, c.ratio, view, stream);
+    // Capture the plan into a graph (no allocation or host synchronisation may happen inside) and replay it twice.
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    FAIRKV_TRY(fairkv::cuda::from_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal)));
+    const result inside = fairkv::cuda::plan(temp.get(), bytes, pol, in, c.segments, c.whitelist, c.ratio, view, stream);
+    const result ended = fairkv::cuda::from_cuda(cudaStreamEndCapture(stream, &g));
+    FAIRKV_TRY(inside);
+    FAIRKV_TRY(ended);
+    FAIRKV_TRY(fairkv::cuda::from_cuda(cudaGraphInstantiate(&exec, g, 0)));
+    FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemsetAsync(view.indices, 0xFF, dp.indices.bytes(), stream)));
+    FAIRKV_TRY(fairkv::cuda::from_cuda(cudaGraphLaunch(exec, stream)));
+    FAIRKV_TRY(fairkv::cuda::from_cuda(cudaGraphLaunch(exec, stream)));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(g);
+    return {};
+  });
+  const result synced = fairkv::cuda::from_cuda(cudaStreamSynchronize(stream));
+  cudaStreamDestroy(stream);
+  FAIRKV_TRY(r);
+  FAIRKV_TRY(synced);
+  out.resize(c.batch, c.heads, c.tokens);
+  const fairkv::keep_plan_view h = out.view();
+  FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemcpy(h.indices, dp.indices.get(), dp.indices.bytes(), cudaMemcpyDeviceToHost)));
+  FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemcpy(h.counts, dp.counts.get(), dp.counts.bytes(), cudaMemcpyDeviceToHost)));
+  return fairkv::cuda::from_cuda(cudaMemcpy(h.lengths, dp.lengths.get(), dp.lengths.bytes(), cudaMemcpyDeviceToHost));
+}
+
+result gpu_compact(const host_case& c, const fairkv::keep_plan& plan, std::vector<unsigned char>& k,
+                   std::vector<unsigned char>& v) {
+  device_buffer dk, dv, temp;
+  FAIRKV_TRY(dk.upload(k));
+  FAIRKV_TRY(dv.upload(v));
+  device_plan dp;
+  FAIRKV_TRY(dp.upload(plan));
+  const fairkv::keep_plan_view view = dp.view(plan.batch(), plan.heads(), plan.capacity());
+  const result r = with_dtype(c.dtype, [&](auto tag) -> result {
+    using T = decltype(tag);
+    const auto kv = make_view(c, dk.get<T>());
+    const auto vv = make_view(c, dv.get<T>());
+    std::size_t bytes = 0;
+    FAIRKV_TRY(fairkv::cuda::compact(nullptr, bytes, view, kv, vv));
+    FAIRKV_TRY(temp.allocate(bytes));
+    FAIRKV_TRY(fairkv::cuda::compact(temp.get(), bytes, view, kv, vv));
+    return fairkv::cuda::read_compact_status(temp.get());
+  });
+  FAIRKV_TRY(fairkv::cuda::from_cuda(cudaDeviceSynchronize()));
+  FAIRKV_TRY(dk.download(k));
+  FAIRKV_TRY(dv.download(v));
+  return r;
+}
+
+result gpu_compact_paged(const paged_case& c, const fairkv::keep_plan& plan, std::vector<unsigned char>& k_pool,
+                         std::vector<unsigned char>& v_pool) {
+  device_buffer dk, dv, indptr, indices, last, temp;
+  FAIRKV_TRY(dk.upload(k_pool));
+  FAIRKV_TRY(dv.upload(v_pool));
+  FAIRKV_TRY(indptr.upload(c.indptr));
+  FAIRKV_TRY(indices.upload(c.indices));
+  FAIRKV_TRY(last.upload(c.last_page_len));
+  device_plan dp;
+  FAIRKV_TRY(dp.upload(plan));
+  const fairkv::keep_plan_view view = dp.view(plan.batch(), plan.heads(), plan.capacity());
+  const result r = with_dtype(c.dtype, [&](auto tag) -> result {
+    using T = decltype(tag);
+    const auto pv = make_paged(c, dk.get<T>(), dv.get<T>(), indptr.get<const std::int32_t>(),
+                               indices.get<const std::int32_t>(), last.get<const std::int32_t>());
+    std::size_t bytes = 0;
+    FAIRKV_TRY(fairkv::cuda::compact(nullptr, bytes, view, pv));
+    FAIRKV_TRY(temp.allocate(bytes));
+    FAIRKV_TRY(fairkv::cuda::compact(temp.get(), bytes, view, pv));
+    return fairkv::cuda::read_compact_status(temp.get());
+  });
+  FAIRKV_TRY(fairkv::cuda::from_cuda(cudaDeviceSynchronize()));
+  FAIRKV_TRY(dk.download(k_pool));
+  FAIRKV_TRY(dv.download(v_pool));
+  return r;
+}
+
+}  // namespace fairkv_test

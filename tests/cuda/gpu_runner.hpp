@@ -1,0 +1,36 @@
+// The GPU half of the parity suite, compiled by nvcc (gpu_runner.cu) and called from the doctest cases, which are
+// compiled by the host compiler together with the CPU oracle (Eigen never goes through nvcc).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "fairkv/keep_plan.hpp"
+#include "fairkv/status.hpp"
+#include "parity_case.hpp"
+
+namespace fairkv_test {
+
+struct device_info {
+  bool available = false;
+  std::string description;  // the device's name, or why there is none
+};
+[[nodiscard]] const device_info& probe_device();  // cached: cudaGetDeviceCount + cudaGetDeviceProperties
+
+// Host-only entry points: they never touch the device (dummy device pointers), so they run without a GPU.
+[[nodiscard]] fairkv::result gpu_can_implement(const host_case& c);
+[[nodiscard]] fairkv::result gpu_size_query(const host_case& c, std::size_t& bytes);
+[[nodiscard]] fairkv::result gpu_plan_debias(const host_case& c);  // cuda::plan with allocators::debias
+[[nodiscard]] int cuda_max_segments();                            // fairkv::cuda::max_segments
+
+// Device entry points: upload, run on a stream (optionally captured into a CUDA graph and replayed), download.
+[[nodiscard]] fairkv::result gpu_plan(const host_case& c, fairkv::keep_plan& out, bool graph = false);
+// Compacts the case's K and V (k and v: the case's bytes in, the compacted bytes out) with `plan`.
+[[nodiscard]] fairkv::result gpu_compact(const host_case& c, const fairkv::keep_plan& plan,
+                                         std::vector<unsigned char>& k, std::vector<unsigned char>& v);
+[[nodiscard]] fairkv::result gpu_compact_paged(const paged_case& c, const fairkv::keep_plan& plan,
+                                               std::vector<unsigned char>& k_pool,
+                                               std::vector<unsigned char>& v_pool);
+
+}  // namespace fairkv_test

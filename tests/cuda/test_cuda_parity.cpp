@@ -1,0 +1,508 @@
+// CPU-vs-GPU parity of the CUDA backend (ggml test-backend-ops style): random cases run through fairkv::cpu (the
+// oracle) and fairkv::cuda; plans must be identical and compacted tensors bit-identical.
+//  - suite "cuda_host": host-side checks that need no GPU (validation messages equal the CPU's, limits, sizes);
+//  - suite "cuda_parity": needs a device. Without one, every case is skipped by doctest and the probe prints
+//    "SKIPPED: no CUDA device", which ctest's SKIP_REGULAR_EXPRESSION turns into a visible "Skipped".
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "fairkv/fairkv.hpp"
+#include "gpu_runner.hpp"
+#include "parity_case.hpp"
+
+namespace {
+
+using namespace fairkv_test;
+using fairkv::result;
+using fairkv::status;
+
+const bool no_device = !probe_device().available;
+
+[[nodiscard]] bool uses_segments(allocator_id a) {
+  return a == allocator_id::fair || a == allocator_id::fair_with_whitelist || a == allocator_id::debias;
+}
+[[nodiscard]] bool uses_whitelist(allocator_id a) {
+  return a == allocator_id::whitelist || a == allocator_id::fair_with_whitelist || a == allocator_id::debias;
+}
+
+template <class T>
+void store(host_case& c, std::vector<unsigned char>& bytes, std::int64_t b, std::int64_t h, std::int64_t t,
+           std::int64_t d, float x) {
+  const fairkv::kv_view<T> v = make_view(c, reinterpret_cast<T*>(bytes.data()));
+  v.row(b, h, t)[d * v.stride_dim] = fairkv::from_float<T>(x);
+}
+
+// Values that make ties, signed zeros, infinities and NaN likely in the first key element.
+float special_value(std::mt19937& rng) {
+  static const float pool[] = {std::numeric_limits<float>::quiet_NaN(), -0.0f, 0.0f,
+                               std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                               1.0f, 2.0f, -1.0f, 0.5f, 1.0f};
+  return pool[rng() % (sizeof(pool) / sizeof(pool[0]))];
+}
+
+host_case random_case(std::mt19937& rng, scorer_id s, selector_id sel, allocator_id a, dtype_id d) {
+  auto pick = [&](std::initializer_list<std::int64_t> v) { return *(v.begin() + rng() % v.size()); };
+  host_case c;
+  c.scorer = s;
+  c.selector = sel;
+  c.allocator = a;
+  c.dtype = d;
+  c.batch = pick({1, 1, 2});
+  c.heads = pick({1, 2, 4, 8});
+  c.q_heads = c.heads * pick({1, 2});
+  const bool attn = is_attention(s);
+  c.tokens = attn ? pick({1, 2, 5, 17, 64, 150}) : pick({1, 2, 3, 7, 64, 100, 513, 1500, 5000});
+  c.head_dim = pick({1, 3, 8, 64, 128});
+  c.layout = static_cast<layout_id>(rng() % 4);
+  c.capacity = c.tokens + pick({0, 1, 9});
+  c.ratio = static_cast<double>(pick({0, 10, 50, 75, 90, 99})) / 100.0;
+  c.alpha = static_cast<float>(pick({0, 20, 50, 100})) / 100.0f;
+  c.window = static_cast<std::int32_t>(pick({1, 4, 16}));
+  c.attn = attn ? static_cast<attention_input>(rng() % (s == scorer_id::h2o ? 3 : 2)) : attention_input::queries;
+  if (c.attn == attention_input::column_sums && uses_segments(a)) c.attn = attention_input::rows;
+  c.q_tokens = c.tokens;
+  const std::int64_t L = c.tokens;
+  // Disjoint segments in random order.
+  if (uses_segments(a) && L > 1) {
+    const int n = static_cast<int>(rng() % 5);
+    std::set<std::int32_t> cuts;
+    for (int i = 0; i < 2 * n; ++i) cuts.insert(static_cast<std::int32_t>(rng() % (L + 1)));
+    std::vector<std::int32_t> v(cuts.begin(), cuts.end());
+    for (std::size_t i = 0; i + 1 < v.size(); i += 2)
+      if (v[i] < v[i + 1] && rng() % 4 != 0) c.segments.push_back({v[i], v[i + 1]});
+    std::shuffle(c.segments.begin(), c.segments.end(), rng);
+  }
+  if (uses_whitelist(a)) {
+    const std::int64_t n_keep = fairkv::keep_budget(L, c.ratio);
+    const std::int64_t n = static_cast<std::int64_t>(rng() % static_cast<unsigned>(n_keep + 1));
+    for (std::int64_t i = 0; i < n; ++i) c.whitelist.push_back(static_cast<std::int32_t>(rng() % L));
+    if (!c.whitelist.empty() && rng() % 2) c.whitelist.push_back(c.whitelist.front());  // duplicates count once
+  }
+  const std::int64_t bytes = storage_elements(c) * dtype_bytes(d);
+  c.k_bytes.resize(static_cast<std::size_t>(bytes));
+  c.v_bytes.resize(static_cast<std::size_t>(bytes));
+  for (auto& x : c.k_bytes) x = static_cast<unsigned char>(rng());  // padding and spare capacity are random too
+  for (auto& x : c.v_bytes) x = static_cast<unsigned char>(rng());
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (std::int64_t b = 0; b < c.batch; ++b)
+    for (std::int64_t h = 0; h < c.heads; ++h)
+      for (std::int64_t t = 0; t < L; ++t)
+        for (std::int64_t e = 0; e < c.head_dim; ++e) {
+          const float x = (s == scorer_id::first_element && e == 0 && rng() % 2) ? special_value(rng) : normal(rng);
+          with_dtype(d, [&](auto tag) { store<decltype(tag)>(c, c.k_bytes, b, h, t, e, x); });
+        }
+  if (attn) {
+    c.queries.resize(static_cast<std::size_t>(c.batch * c.q_heads * c.q_tokens * c.head_dim));
+    for (auto& x : c.queries) x = normal(rng);
+    // Engine attention: random causal rows, normalised; and their column sums.
+    c.attention.assign(static_cast<std::size_t>(c.batch * c.q_heads * L * L), 0.f);
+    c.column_sums.assign(static_cast<std::size_t>(c.batch * c.q_heads * L), 0.f);
+    std::uniform_real_distribution<float> u(0.01f, 1.f);
+    for (std::int64_t r = 0; r < c.batch * c.q_heads; ++r)
+      for (std::int64_t p = 0; p < L; ++p) {
+        float* row = c.attention.data() + (r * L + p) * L;
+        float sum = 0.f;
+        for (std::int64_t t = 0; t <= p; ++t) sum += (row[t] = u(rng));
+        for (std::int64_t t = 0; t <= p; ++t) {
+          row[t] /= sum;
+          c.column_sums[static_cast<std::size_t>(r * L + t)] += row[t];
+        }
+      }
+  }
+  c.name = "scorer " + std::to_string(static_cast<int>(s)) + " selector " + std::to_string(static_cast<int>(sel)) +
+           " allocator " + std::to_string(static_cast<int>(a)) + " dtype " + std::to_string(static_cast<int>(d)) +
+           " layout " + std::to_string(static_cast<int>(c.layout)) + " B" + std::to_string(c.batch) + " H" +
+           std::to_string(c.heads) + " Hq" + std::to_string(c.q_heads) + " L" + std::to_string(L) + " D" +
+           std::to_string(c.head_dim) + " ratio " + std::to_string(c.ratio) + " segments " +
+           std::to_string(c.segments.size()) + " whitelist " + std::to_string(c.whitelist.size()) + " attn " +
+           std::to_string(static_cast<int>(c.attn));
+  return c;
+}
+
+result cpu_plan(const host_case& c, fairkv::keep_plan& out) {
+  return with_policy(c, [&](const auto& pol, auto tag) -> result {
+    using T = decltype(tag);
+    const auto in = make_inputs<T>(c, reinterpret_cast<const T*>(c.k_bytes.data()), c.queries.data(),
+                                   c.attention.data(), c.column_sums.data());
+    return fairkv::cpu::plan(pol, in, c.segments, c.whitelist, c.ratio, out);
+  });
+}
+
+result cpu_compact(const host_case& c, const fairkv::keep_plan& plan, std::vector<unsigned char>& k,
+                   std::vector<unsigned char>& v) {
+  return with_dtype(c.dtype, [&](auto tag) -> result {
+    using T = decltype(tag);
+    return fairkv::cpu::compact(plan.view(), make_view(c, reinterpret_cast<T*>(k.data())),
+                                make_view(c, reinterpret_cast<T*>(v.data())));
+  });
+}
+
+// Plans equal: same lengths, counts and kept indices.
+bool same_plan(const fairkv::keep_plan& a, const fairkv::keep_plan& b, std::string& why) {
+  if (a.batch() != b.batch() || a.heads() != b.heads()) return why = "extents differ", false;
+  for (std::int64_t bb = 0; bb < a.batch(); ++bb) {
+    if (a.length(bb) != b.length(bb)) return why = "length of sequence " + std::to_string(bb) + " differs", false;
+    for (std::int64_t h = 0; h < a.heads(); ++h)
+      if (a.kept(bb, h) != b.kept(bb, h)) {
+        why = "kept set of (batch " + std::to_string(bb) + ", head " + std::to_string(h) + ") differs: count " +
+              std::to_string(a.count(bb, h)) + " vs " + std::to_string(b.count(bb, h));
+        return false;
+      }
+  }
+  return true;
+}
+
+// A random valid plan (ascending subsets) of `capacity` slots for compaction tests.
+fairkv::keep_plan random_plan(std::mt19937& rng, std::int64_t batch, std::int64_t heads,
+                              const std::vector<std::int64_t>& lengths, std::int64_t capacity) {
+  fairkv::keep_plan p;
+  p.resize(batch, heads, capacity);
+  const fairkv::keep_plan_view v = p.view();
+  for (std::int64_t b = 0; b < batch; ++b) {
+    v.lengths[b] = static_cast<std::int32_t>(lengths[static_cast<std::size_t>(b)]);
+    for (std::int64_t h = 0; h < heads; ++h) {
+      const unsigned keep_pct = rng() % 101;
+      const std::int64_t prefix = rng() % 3 == 0 ? static_cast<std::int64_t>(rng() % (lengths[b] + 1)) : 0;
+      std::int32_t n = 0;
+      for (std::int64_t t = 0; t < lengths[static_cast<std::size_t>(b)]; ++t)
+        if (t < prefix || rng() % 100 < keep_pct) v.row(b, h)[n++] = static_cast<std::int32_t>(t);
+      v.counts[b * heads + h] = n;
+    }
+  }
+  return p;
+}
+
+const scorer_id exact_scorers[] = {scorer_id::first_element, scorer_id::knorm, scorer_id::streaming_llm};
+const selector_id all_selectors[] = {selector_id::per_head, selector_id::union_heads, selector_id::head_adaptive};
+const allocator_id all_allocators[] = {allocator_id::uniform, allocator_id::whitelist, allocator_id::fair,
+                                       allocator_id::fair_with_whitelist};
+const dtype_id all_dtypes[] = {dtype_id::f32, dtype_id::f16, dtype_id::bf16};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+TEST_SUITE("cuda_host") {
+  TEST_CASE("cuda host checks: invalid inputs are rejected with the CPU oracle's status and message") {
+    std::mt19937 rng(7);
+    struct mutation {
+      const char* what;
+      void (*apply)(host_case&);
+    };
+    const mutation mutations[] = {
+        {"ratio 1", [](host_case& c) { c.ratio = 1.0; }},
+        {"ratio -0.1", [](host_case& c) { c.ratio = -0.1; }},
+        {"ratio NaN", [](host_case& c) { c.ratio = std::nan(""); }},
+        {"segment out of range", [](host_case& c) { c.segments = {{0, static_cast<std::int32_t>(c.tokens + 1)}}; }},
+        {"empty segment", [](host_case& c) { c.segments = {{3, 3}}; }},
+        {"overlapping segments", [](host_case& c) { c.segments = {{0, 10}, {5, 20}}; }},
+        {"whitelist out of range", [](host_case& c) { c.whitelist = {0, static_cast<std::int32_t>(c.tokens)}; }},
+        {"negative whitelist", [](host_case& c) { c.whitelist = {-1}; }},
+        {"whitelist over budget", [](host_case& c) {
+           c.ratio = 0.9;
+           c.whitelist.clear();
+           for (std::int32_t t = 0; t < 20; ++t) c.whitelist.push_back(t);
+         }},
+        {"segments without fair", [](host_case& c) {
+           c.allocator = allocator_id::whitelist;
+           c.segments = {{0, 4}};
+         }},
+        {"whitelist with fair", [](host_case& c) {
+           c.allocator = allocator_id::fair;
+           c.segments.clear();
+           c.whitelist = {1};
+         }},
+        {"alpha outside [0, 1]", [](host_case& c) {
+           c.selector = selector_id::head_adaptive;
+           c.alpha = 1.5f;
+         }},
+        {"snapkv window 0", [](host_case& c) {
+           c.scorer = scorer_id::snapkv;
+           c.window = 0;
+         }},
+        {"snapkv without queries", [](host_case& c) {
+           c.scorer = scorer_id::snapkv;
+           std::vector<float>().swap(c.queries);
+           c.attn = attention_input::rows;
+           std::vector<float>().swap(c.attention);
+         }},
+        {"GQA heads do not divide", [](host_case& c) {
+           c.scorer = scorer_id::tova;
+           c.q_heads = c.heads * 2 + 1;
+           c.queries.assign(static_cast<std::size_t>(c.batch * c.q_heads * c.q_tokens * c.head_dim), 0.5f);
+         }},
+        {"queries longer than the cache", [](host_case& c) {
+           c.scorer = scorer_id::snapkv;
+           c.q_tokens = c.tokens + 1;
+           c.queries.assign(static_cast<std::size_t>(c.batch * c.q_heads * c.q_tokens * c.head_dim), 0.5f);
+         }},
+        {"queries do not cover a segment's window", [](host_case& c) {
+           c.scorer = scorer_id::snapkv;
+           c.segments = {{0, 10}};
+           c.whitelist.clear();
+           c.q_tokens = 16;
+           c.queries.assign(static_cast<std::size_t>(c.batch * c.q_heads * c.q_tokens * c.head_dim), 0.5f);
+         }},
+        {"segment-local H2O from column sums", [](host_case& c) {
+           c.scorer = scorer_id::h2o;
+           c.attn = attention_input::column_sums;
+         }},
+        {"zero heads", [](host_case& c) { c.heads = 0; }},
+    };
+    for (const mutation& m : mutations) {
+      host_case c = random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::fair_with_whitelist,
+                                dtype_id::f32);
+      // a fixed, mid-sized case so each mutation is meaningful
+      c.batch = 1;
+      c.heads = 2;
+      c.q_heads = 4;
+      c.tokens = 64;
+      c.q_tokens = 64;
+      c.head_dim = 8;
+      c.capacity = 64;
+      c.layout = layout_id::contiguous;
+      c.ratio = 0.5;
+      c.segments.clear();
+      c.whitelist.clear();
+      c.attn = attention_input::queries;
+      c.k_bytes.assign(static_cast<std::size_t>(64 * 2 * 8 * 4), 0);
+      for (std::size_t i = 0; i < c.k_bytes.size(); i += 4) {
+        const float x = static_cast<float>(i % 29) - 14.f;
+        std::memcpy(&c.k_bytes[i], &x, 4);
+      }
+      c.queries.assign(static_cast<std::size_t>(1 * 4 * 64 * 8), 0.25f);
+      c.attention.assign(static_cast<std::size_t>(4 * 64 * 64), 1.0f / 64);
+      c.column_sums.assign(static_cast<std::size_t>(4 * 64), 1.0f);
+      m.apply(c);
+      CAPTURE(m.what);
+      fairkv::keep_plan cp;
+      const result want = cpu_plan(c, cp);
+      const result got = gpu_can_implement(c);
+      REQUIRE_FALSE(want.ok());
+      CHECK(got.code() == want.code());
+      CHECK(std::string(got.message()) == std::string(want.message()));
+    }
+  }
+
+  TEST_CASE("cuda host checks: valid random cases are implementable and the size query is consistent") {
+    std::mt19937 rng(11);
+    int n = 0;
+    for (const scorer_id s : {scorer_id::first_element, scorer_id::knorm, scorer_id::streaming_llm, scorer_id::snapkv,
+                              scorer_id::tova, scorer_id::h2o})
+      for (const selector_id sel : all_selectors)
+        for (const allocator_id a : all_allocators) {
+          const dtype_id d = is_attention(s) || s == scorer_id::streaming_llm ? dtype_id::f32 : all_dtypes[rng() % 3];
+          const host_case c = random_case(rng, s, sel, a, d);
+          CAPTURE(c.name);
+          fairkv::keep_plan cp;
+          const result want = cpu_plan(c, cp);
+          REQUIRE_MESSAGE(want.ok(), want.message());
+          const result got = gpu_can_implement(c);
+          CHECK_MESSAGE(got.ok(), got.message());
+          std::size_t bytes = 0;
+          CHECK(gpu_size_query(c, bytes).ok());
+          CHECK(bytes >= static_cast<std::size_t>(c.batch * c.heads * c.tokens) * 4u);  // at least the scores
+          ++n;
+        }
+    CHECK(n == 6 * 3 * 4);
+  }
+
+  TEST_CASE("cuda host checks: the CUDA backend's limits are reported, not silently exceeded") {
+    std::mt19937 rng(3);
+    host_case c = random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::fair, dtype_id::f32);
+    c.tokens = 200;
+    c.q_tokens = 200;
+    c.capacity = 200;
+    c.layout = layout_id::contiguous;
+    c.ratio = 0.5;
+    c.k_bytes.assign(static_cast<std::size_t>(storage_elements(c) * 4), 0);
+    c.segments.clear();
+    for (std::int32_t i = 0; i < cuda_max_segments() + 1; ++i) c.segments.push_back({2 * i, 2 * i + 1});
+    fairkv::keep_plan cp;
+    REQUIRE(cpu_plan(c, cp).ok());  // valid for the CPU oracle
+    const result r = gpu_can_implement(c);
+    CHECK(r.code() == status::not_supported);
+    CHECK(std::string(r.message()).find("at most") != std::string::npos);
+    c.segments.clear();
+    const result d = gpu_plan_debias(c);
+    CHECK(d.code() == status::not_supported);
+    CHECK(std::string(d.message()).find("debias") != std::string::npos);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+TEST_SUITE("cuda_parity") {
+  TEST_CASE("cuda parity: device probe") {
+    if (no_device) {
+      std::printf("SKIPPED: no CUDA device (%s); the CPU-vs-GPU parity cases did not run\n",
+                  probe_device().description.c_str());
+      MESSAGE("SKIPPED: no CUDA device (" << probe_device().description << ")");
+    } else {
+      MESSAGE("CUDA device: " << probe_device().description);
+    }
+  }
+
+  TEST_CASE("cuda parity: exact scorers, every selector, allocator and dtype" * doctest::skip(no_device)) {
+    std::mt19937 rng(2024);
+    int cases = 0;
+    for (int rep = 0; rep < 3; ++rep)
+      for (const scorer_id s : exact_scorers)
+        for (const selector_id sel : all_selectors)
+          for (const allocator_id a : all_allocators)
+            for (const dtype_id d : all_dtypes) {
+              if (s == scorer_id::streaming_llm && d != dtype_id::f32) continue;
+              const host_case c = random_case(rng, s, sel, a, d);
+              CAPTURE(c.name);
+              fairkv::keep_plan want, got;
+              const result cr = cpu_plan(c, want);
+              REQUIRE_MESSAGE(cr.ok(), cr.message());
+              const result gr = gpu_plan(c, got, rep == 2);
+              REQUIRE_MESSAGE(gr.ok(), gr.message());
+              std::string why;
+              CHECK_MESSAGE(same_plan(want, got, why), why);
+              // Compaction with the plan: bit-identical K and V, including untouched slots and padding.
+              std::vector<unsigned char> ck = c.k_bytes, cv = c.v_bytes, gk = c.k_bytes, gv = c.v_bytes;
+              REQUIRE(cpu_compact(c, want, ck, cv).ok());
+              const result gc = gpu_compact(c, want, gk, gv);
+              REQUIRE_MESSAGE(gc.ok(), gc.message());
+              CHECK(ck == gk);
+              CHECK(cv == gv);
+              ++cases;
+            }
+    MESSAGE(cases << " exact parity cases");
+  }
+
+  TEST_CASE("cuda parity: attention scorers (near-ties aside, the same plans)" * doctest::skip(no_device)) {
+    // Dot products and exp differ from Eigen/libm in the last bits, so a swap of two tokens whose CPU scores
+    // agree to 1e-5 relative is accepted; anything else is a failure.
+    std::mt19937 rng(99);
+    int cases = 0, exact = 0;
+    for (int rep = 0; rep < 4; ++rep)
+      for (const scorer_id s : {scorer_id::snapkv, scorer_id::tova, scorer_id::h2o})
+        for (const selector_id sel : all_selectors)
+          for (const allocator_id a : all_allocators) {
+            const host_case c = random_case(rng, s, sel, a, dtype_id::f32);
+            CAPTURE(c.name);
+            fairkv::keep_plan want, got;
+            const result cr = cpu_plan(c, want);
+            REQUIRE_MESSAGE(cr.ok(), cr.message());
+            const result gr = gpu_plan(c, got);
+            REQUIRE_MESSAGE(gr.ok(), gr.message());
+            std::string why;
+            ++cases;
+            if (same_plan(want, got, why)) {
+              ++exact;
+              continue;
+            }
+            // Counts must match exactly (budgets are integer arithmetic); only near-tie swaps are allowed.
+            for (std::int64_t b = 0; b < c.batch; ++b)
+              for (std::int64_t h = 0; h < c.heads; ++h) {
+                CHECK(want.count(b, h) == got.count(b, h));
+                const auto x = want.kept(b, h), y = got.kept(b, h);
+                std::vector<std::int32_t> diff;
+                std::set_symmetric_difference(x.begin(), x.end(), y.begin(), y.end(), std::back_inserter(diff));
+                CHECK_MESSAGE(diff.size() <= 4u + x.size() / 50u, why);
+              }
+          }
+    MESSAGE(cases << " attention cases, " << exact << " with bit-identical plans");
+    CHECK(exact * 10 >= cases * 8);  // near-ties are rare on random data
+  }
+
+  TEST_CASE("cuda parity: dense and strided compaction with random plans" * doctest::skip(no_device)) {
+    std::mt19937 rng(5);
+    for (int i = 0; i < 60; ++i) {
+      host_case c = random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::uniform, all_dtypes[i % 3]);
+      CAPTURE(c.name);
+      std::vector<unsigned char> v = c.v_bytes;
+      for (auto& x : v) x = static_cast<unsigned char>(rng());
+      c.v_bytes = v;
+      const fairkv::keep_plan plan =
+          random_plan(rng, c.batch, c.heads, std::vector<std::int64_t>(static_cast<std::size_t>(c.batch), c.tokens),
+                      c.tokens + static_cast<std::int64_t>(i % 2));
+      std::vector<unsigned char> ck = c.k_bytes, cv = c.v_bytes, gk = c.k_bytes, gv = c.v_bytes;
+      REQUIRE(cpu_compact(c, plan, ck, cv).ok());
+      const result gc = gpu_compact(c, plan, gk, gv);
+      REQUIRE_MESSAGE(gc.ok(), gc.message());
+      CHECK(ck == gk);
+      CHECK(cv == gv);
+    }
+  }
+
+  TEST_CASE("cuda parity: paged compaction (NHD and HND, shuffled pages)" * doctest::skip(no_device)) {
+    std::mt19937 rng(17);
+    for (int i = 0; i < 40; ++i) {
+      paged_case c;
+      c.dtype = all_dtypes[i % 3];
+      c.layout = i % 2 ? fairkv::page_layout::hnd : fairkv::page_layout::nhd;
+      c.batch = 1 + static_cast<std::int64_t>(rng() % 3);
+      c.heads = 1 + static_cast<std::int64_t>(rng() % 4);
+      c.head_dim = std::vector<std::int64_t>{1, 3, 8, 64, 128}[rng() % 5];
+      c.page_size = std::vector<std::int64_t>{1, 4, 16}[rng() % 3];
+      std::vector<std::int64_t> lengths;
+      c.indptr = {0};
+      std::int64_t pages = 0;
+      for (std::int64_t b = 0; b < c.batch; ++b) {
+        const std::int64_t L = 1 + static_cast<std::int64_t>(rng() % 300);
+        lengths.push_back(L);
+        const std::int64_t np = (L + c.page_size - 1) / c.page_size;
+        pages += np;
+        c.indptr.push_back(static_cast<std::int32_t>(pages));
+        c.last_page_len.push_back(static_cast<std::int32_t>(L - (np - 1) * c.page_size));
+      }
+      c.num_pages = pages + 3;
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(c.num_pages));
+      for (std::size_t p = 0; p < ids.size(); ++p) ids[p] = static_cast<std::int32_t>(p);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      c.indices.assign(ids.begin(), ids.begin() + pages);
+      const std::size_t bytes =
+          static_cast<std::size_t>(c.num_pages * c.page_size * c.heads * c.head_dim * dtype_bytes(c.dtype));
+      c.k_pool.resize(bytes);
+      c.v_pool.resize(bytes);
+      for (auto& x : c.k_pool) x = static_cast<unsigned char>(rng());
+      for (auto& x : c.v_pool) x = static_cast<unsigned char>(rng());
+      const std::int64_t cap = *std::max_element(lengths.begin(), lengths.end());
+      const fairkv::keep_plan plan = random_plan(rng, c.batch, c.heads, lengths, cap);
+      CAPTURE(i);
+      std::vector<unsigned char> ck = c.k_pool, cv = c.v_pool, gk = c.k_pool, gv = c.v_pool;
+      const result cr = with_dtype(c.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        return fairkv::cpu::compact(plan.view(), make_paged(c, reinterpret_cast<T*>(ck.data()),
+                                                            reinterpret_cast<T*>(cv.data()), c.indptr.data(),
+                                                            c.indices.data(), c.last_page_len.data()));
+      });
+      REQUIRE_MESSAGE(cr.ok(), cr.message());
+      const result gc = gpu_compact_paged(c, plan, gk, gv);
+      REQUIRE_MESSAGE(gc.ok(), gc.message());
+      CHECK(ck == gk);
+      CHECK(cv == gv);
+    }
+  }
+
+  TEST_CASE("cuda parity: an invalid plan is reported by the device and writes nothing" * doctest::skip(no_device)) {
+    std::mt19937 rng(23);
+    const host_case c = random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::uniform, dtype_id::bf16);
+    fairkv::keep_plan want;
+    REQUIRE(cpu_plan(c, want).ok());
+    fairkv::keep_plan bad = want;
+    const fairkv::keep_plan_view v = bad.view();
+    if (v.counts[0] >= 2) {
+      std::swap(v.indices[0], v.indices[1]);  // not ascending
+    } else {
+      v.counts[0] = static_cast<std::int32_t>(c.tokens + 1);  // count above the length
+    }
+    std::vector<unsigned char> gk = c.k_bytes, gv = c.v_bytes;
+    const result r = gpu_compact(c, bad, gk, gv);
+    CHECK(r.code() == status::invalid_plan);
+    CHECK(gk == c.k_bytes);
+    CHECK(gv == c.v_bytes);
+  }
+}
