@@ -14,11 +14,13 @@ Cross-checks, run when the packages are importable (they are optional, not neede
     from the real tokenizer on text with digits; the script reports how many strings differ and why.
   * llama-cpp-python (llama.cpp's own tokenizer, vocab_only): must agree on every string.
 
-Usage: pip install gguf tokenizers   (optional: transformers torch llama-cpp-python)
+Usage: pip install gguf tokenizers regex   (optional: transformers torch llama-cpp-python)
        python3 scripts/gen_tokenizer_reference.py [--model PATH] [--out tests/data/tokenizer_reference.txt]
 Format: '#' comment lines, then per case "text <json string>", "ids <space-separated ids>", optionally
 "decoded <json string>", and a blank line. Also writes tests/data/tokenizer_reference_ifeval.txt: token count + hash
-of the ids of every IFEval item of shared/data/pitfalls/sys_ifeval.jsonl (system, user, ChatML prompt).
+of the ids of every IFEval item of shared/data/pitfalls/sys_ifeval.jsonl (system, user, ChatML prompt), and
+tests/data/pretokenizer_reference.txt: the splits of 600 random strings by Python's `regex` module for the
+gpt2 / smollm / llama3 / qwen2 pre-tokenizer regexes (the C++ splitter is checked against them).
 """
 import argparse
 import json
@@ -199,6 +201,57 @@ def write_ifeval_hashes(tok, path):
     print(f"wrote {len(lines)} hashes ({n_tokens} tokens) to {path}")
 
 
+GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+# Pieces the random strings are made of: every class the regexes distinguish (letters of several scripts, ASCII
+# and non-ASCII numbers, marks, each kind of whitespace, newlines, apostrophe contractions in both cases,
+# punctuation, emoji). Characters whose class differs between Unicode versions, or that case-fold to ASCII
+# (U+017F), are left out on purpose.
+PIECES = ["a", "b", "Z", "xy", "\u00e9", "\u00df", "\u4e2d", "\u30a2", "\ud55c", "\u0434", "\u05d0", "0", "7", "42",
+          "12345", "\u00bd", "\u0663", "\u00b2", " ", "  ", "   ", "\n", "\n\n", "\r\n", "\r", "\t", "\u00a0",
+          "\u3000", "\u2003", "\u0085", "\u2028", "\x0b", "\x0c", "'", "'s", "'S", "'t", "'ll", "'LL", "'re", "'Ve",
+          "'d", "'m", "'x", ",", ".", "!", "?", "-", "_", "(", ")", "<", "|", ">", "#", "$", "\u0301", "\u200b",
+          "\U0001f642", "\U0001f44d\U0001f3fd", "\u2014", "\u00ab"]
+
+
+def split_offsets(pattern, text, digits_first=False):
+    """End byte offsets of the pieces that the regex split (findall) gives, optionally after isolating \\p{N}."""
+    import regex
+    stretches = regex.split(r"(\p{N})", text) if digits_first else [text]
+    ends, pos = [], 0
+    for st in stretches:
+        if not st:
+            continue
+        pieces = [st] if digits_first and regex.fullmatch(r"\p{N}", st) else regex.findall(pattern, st)
+        assert "".join(pieces) == st, (pattern, st)
+        for p in pieces:
+            pos += len(p.encode("utf-8"))
+            ends.append(pos)
+    return ends
+
+
+def write_pretokenizer_reference(path, n=600, seed=1234):
+    import random
+    import regex
+    rng = random.Random(seed)
+    texts = ["".join(rng.choice(PIECES) for _ in range(rng.randint(1, 24))) for _ in range(n)]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("# Pre-tokenizer splits from Python's `regex` module %s (scripts/gen_tokenizer_reference.py), as end\n"
+                % regex.__version__)
+        f.write("# byte offsets of the pieces. gpt2: the GPT-2 regex; smollm: \\p{N} isolated, then GPT-2;\n")
+        f.write("# llama3 / qwen2: the Llama-3 regex with \\p{N}{1,3} / \\p{N}. Per case: 'text <json>', one line per mode.\n\n")
+        for t in texts:
+            f.write("text " + json.dumps(t, ensure_ascii=True) + "\n")
+            for mode, pat, dig in (("gpt2", GPT2_SPLIT, False), ("smollm", GPT2_SPLIT, True),
+                                   ("llama3", LLAMA3_SPLIT, False), ("qwen2", QWEN2_SPLIT, False)):
+                f.write(mode + " " + " ".join(map(str, split_offsets(pat, t, dig))) + "\n")
+            f.write("\n")
+    print(f"wrote {n} pre-tokenizer cases to {path}")
+    return texts
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model")
@@ -225,6 +278,14 @@ def main():
             f.write("\n")
     print(f"wrote {len(cases)} cases, {sum(map(len, ref))} tokens to {args.out}")
     write_ifeval_hashes(tok, os.path.join(os.path.dirname(args.out), "tokenizer_reference_ifeval.txt"))
+    random_texts = write_pretokenizer_reference(os.path.join(os.path.dirname(args.out), "pretokenizer_reference.txt"))
+    # The smollm split of the regex module must give the same pieces as HF's Digits + ByteLevel pre-tokenizer.
+    for t in load_cases() + random_texts:
+        hf = [e for _, (b, e) in tok.pre_tokenizer.pre_tokenize_str(t)]
+        mine = split_offsets(GPT2_SPLIT, t, True)
+        ends = [len(t[:e].encode("utf-8")) for e in hf]
+        assert ends == mine, t
+    print("HF tokenizers' pre-tokenizer agrees with the regex-module smollm split on all cases")
     cross_check_transformers(model_path, cases, ref)
     if not cross_check_llama_cpp(model_path, cases, ref, decoded):
         sys.exit("llama.cpp disagrees with the reference: investigate before committing")

@@ -6,8 +6,9 @@
 //   2. each remaining fragment is pre-tokenized: for tokenizer.ggml.pre = "smollm" (and the StarCoder family that
 //      shares it) every \p{N} code point is first isolated, then the GPT-2 regex
 //        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-//      splits each stretch. The regex is matched by hand (std::regex has no Unicode classes) with the class
-//      table of unicode_table.hpp;
+//      splits each stretch ("gpt2" uses the regex alone; "llama-bpe" / "qwen2" use the Llama-3 regex, see
+//      llama3_match). The regexes are matched by hand (std::regex has no Unicode classes) with the class table
+//      of unicode_table.hpp, and checked against Python's `regex` module on random strings in the tests;
 //   3. each pre-token's bytes are mapped to the GPT-2 "byte to unicode" alphabet and merged by merge rank.
 // Invalid UTF-8 is accepted: each invalid byte counts as one code point of the "other" class, so encode never
 // fails. A byte whose single-byte symbol is not in the vocabulary (SmolLM2 lacks 21: 0x04, 0x06, 0x13, 0x14,
@@ -165,6 +166,49 @@ inline size_t gpt2_match(const cp_seq& q, size_t i, size_t end) {
   return k - i - 1;
 }
 
+// Length (in code points) of the Llama-3 regex match at code point i of [i, end). Always >= 1.
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,D}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// with D = 3 (Llama 3) or 1 (Qwen2). The case-insensitive contractions are matched for ASCII letters only (the
+// regex engines would also fold e.g. U+017F LATIN SMALL LETTER LONG S to 's').
+inline size_t llama3_match(const cp_seq& q, size_t i, size_t end, size_t max_digits) {
+  using unicode::cp_class;
+  auto cls = [&](size_t k) { return q.cls[k]; };
+  auto lower = [&](size_t k) { const uint32_t c = q.cp[k]; return c >= 'A' && c <= 'Z' ? c + 32 : c; };
+  auto is_nl = [&](size_t k) { return q.cp[k] == '\r' || q.cp[k] == '\n'; };
+  auto run = [&](size_t k, auto pred) {
+    while (k < end && pred(k)) ++k;
+    return k;
+  };
+  auto letters = [&](size_t k) { return run(k, [&](size_t x) { return cls(x) == cp_class::letter; }); };
+  if (q.cp[i] == '\'' && i + 1 < end) {
+    const uint32_t c1 = lower(i + 1);
+    if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return 2;
+    if (i + 2 < end) {
+      const uint32_t c2 = lower(i + 2);
+      if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return 3;
+    }
+  }
+  const cp_class c0 = cls(i);
+  if (c0 == cp_class::letter) return letters(i) - i;
+  if (c0 != cp_class::number && !is_nl(i) && i + 1 < end && cls(i + 1) == cp_class::letter) return letters(i + 1) - i;
+  if (c0 == cp_class::number) {
+    size_t k = i;
+    while (k < end && k - i < max_digits && cls(k) == cp_class::number) ++k;
+    return k - i;
+  }
+  const size_t j = (q.cp[i] == ' ' && i + 1 < end) ? i + 1 : i;
+  if (cls(j) == cp_class::other) {
+    const size_t k = run(j, [&](size_t x) { return cls(x) == cp_class::other; });
+    return run(k, is_nl) - i;
+  }
+  // Whitespace: up to the last \r or \n of the run if it has one, else as in GPT-2.
+  const size_t k = run(i, [&](size_t x) { return cls(x) == cp_class::space; });
+  for (size_t p = k; p > i; --p)
+    if (is_nl(p - 1)) return p - i;
+  if (k == end || k - i == 1) return k - i;
+  return k - i - 1;
+}
+
 // GPT-2's reversible byte -> printable code point mapping.
 struct byte_alphabet {
   uint32_t to_cp[256];
@@ -188,7 +232,7 @@ struct byte_alphabet {
 
 class tokenizer {
  public:
-  enum class pre_kind { gpt2, digits_then_gpt2 };
+  enum class pre_kind { gpt2, digits_then_gpt2, llama3, qwen2 };
 
   static tokenizer from_gguf(const gguf::file& f) {
     tokenizer t;
@@ -200,14 +244,23 @@ class tokenizer {
     // llama.cpp groups these names with the same two-step split; the others below use the plain GPT-2 regex.
     static const char* digits_family[] = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"};
     static const char* gpt2_family[] = {"default", "gpt2", "gpt-2", "mpt", "olmo", "jais"};
-    if (std::find(std::begin(digits_family), std::end(digits_family), t.pre_name_) != std::end(digits_family))
+    static const char* llama3_family[] = {"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "smaug-bpe", "dbrx"};
+    static const char* qwen2_family[] = {"qwen2", "deepseek-r1-qwen"};
+    auto in = [&](const auto& family) {
+      return std::find(std::begin(family), std::end(family), t.pre_name_) != std::end(family);
+    };
+    if (in(digits_family))
       t.pre_ = pre_kind::digits_then_gpt2;
-    else if (std::find(std::begin(gpt2_family), std::end(gpt2_family), t.pre_name_) != std::end(gpt2_family))
+    else if (in(gpt2_family))
       t.pre_ = pre_kind::gpt2;
+    else if (in(llama3_family))
+      t.pre_ = pre_kind::llama3;
+    else if (in(qwen2_family))
+      t.pre_ = pre_kind::qwen2;
     else
       throw std::runtime_error("tokenizer: pre-tokenizer '" + t.pre_name_ +
-                               "' is not supported (supported: the GPT-2 regex, alone or after isolating digits, "
-                               "e.g. 'smollm', 'gpt2', 'starcoder')");
+                               "' is not supported (supported: the GPT-2 regex alone ('gpt2') or after isolating "
+                               "digits ('smollm', 'starcoder'), and the Llama-3 / Qwen2 regex ('llama-bpe', 'qwen2'))");
 
     t.tokens_ = f.get_string_array("tokenizer.ggml.tokens");
     if (t.tokens_.empty() || t.tokens_.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
@@ -247,6 +300,7 @@ class tokenizer {
     t.bos_ = id_or("tokenizer.ggml.bos_token_id", -1);
     t.eos_ = id_or("tokenizer.ggml.eos_token_id", -1);
     t.unk_ = id_or("tokenizer.ggml.unknown_token_id", -1);
+    t.add_bos_ = f.has("tokenizer.ggml.add_bos_token") && f.get_bool("tokenizer.ggml.add_bos_token");
 
     // Byte fallback: every byte's single-symbol token (-1 when absent), used if a merged symbol is not in the
     // vocabulary.
@@ -301,6 +355,8 @@ class tokenizer {
   const std::string& token_piece(int32_t id) const { return tokens_.at(checked(id)); }
 
   int32_t bos() const { return bos_; }
+  // Whether the model expects BOS first (tokenizer.ggml.add_bos_token; false when absent). encode() never adds it.
+  bool add_bos() const { return add_bos_; }
   int32_t eos() const { return eos_; }
   int32_t token_id(std::string_view piece) const {
     auto it = index_.find(std::string(piece));
@@ -327,6 +383,15 @@ class tokenizer {
     };
     if (pre_ == pre_kind::gpt2) {
       split_gpt2(0, q.size());
+      return out;
+    }
+    if (pre_ == pre_kind::llama3 || pre_ == pre_kind::qwen2) {
+      const size_t max_digits = pre_ == pre_kind::llama3 ? 3 : 1;
+      for (size_t i = 0; i < q.size();) {
+        const size_t m = detail::llama3_match(q, i, q.size(), max_digits);
+        out.push_back({q.byte_pos[i], q.byte_pos[i + m]});
+        i += m;
+      }
       return out;
     }
     size_t start = 0;
@@ -465,6 +530,7 @@ class tokenizer {
   std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> rank
   std::vector<int32_t> specials_;                      // ids, longest text first
   int32_t byte_token_[256] = {};
+  bool add_bos_ = false;
   int32_t bos_ = -1, eos_ = -1, unk_ = -1;  // unk is read for completeness; byte-level BPE never needs it
 };
 

@@ -179,6 +179,41 @@ TEST_CASE("tokenizer: GPT-2 pre-tokenizer splits (hand-checked)") {
   CHECK(pieces(gpt2, "").empty());
 }
 
+TEST_CASE("tokenizer: pre-tokenizers match Python's regex module on 600 random strings (4 regex families)") {
+  std::ifstream in(std::string(FAIRKV_TEST_DATA_DIR) + "/pretokenizer_reference.txt");
+  REQUIRE_MESSAGE(in.good(), "missing tests/data/pretokenizer_reference.txt (scripts/gen_tokenizer_reference.py)");
+  const std::vector<std::pair<std::string, std::string>> modes = {
+      {"gpt2", "gpt2"}, {"smollm", "smollm"}, {"llama3", "llama-bpe"}, {"qwen2", "qwen2"}};
+  std::vector<tokenizer> toks;
+  for (const auto& m : modes) toks.push_back(tokenizer::from_gguf(llama::gguf::file::from_memory(tiny_tokenizer_file(m.second))));
+  CHECK(toks[2].pre_tokenizer() == tokenizer::pre_kind::llama3);
+  CHECK(toks[3].pre_tokenizer() == tokenizer::pre_kind::qwen2);
+  std::string text, line;
+  size_t n_checked = 0, n_equal = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind("text ", 0) == 0) {
+      text = json_unquote(std::string_view(line).substr(5));
+      continue;
+    }
+    for (size_t m = 0; m < modes.size(); ++m) {
+      const std::string& name = modes[m].first;
+      if (line.rfind(name + " ", 0) != 0 && line != name) continue;
+      std::vector<size_t> expected;
+      std::istringstream ends(line.substr(name.size()));
+      for (size_t e; ends >> e;) expected.push_back(e);
+      std::vector<size_t> got;
+      for (const byte_range& r : toks[m].pre_tokenize(text)) got.push_back(r.end);
+      CAPTURE(name);
+      CAPTURE(text);
+      CHECK(got == expected);
+      ++n_checked;
+      n_equal += got == expected;
+    }
+  }
+  CHECK(n_checked == 4 * 600);
+  MESSAGE(n_equal << "/" << n_checked << " pre-tokenizer splits identical to the regex module");
+}
+
 TEST_CASE("tokenizer: BPE merges, special tokens and offsets on a tiny vocabulary") {
   const auto t = tokenizer::from_gguf(llama::gguf::file::from_memory(tiny_tokenizer_file("smollm")));
   CHECK(t.vocab_size() == 3 + 256 + 7);
@@ -214,8 +249,9 @@ TEST_CASE("tokenizer: BPE merges, special tokens and offsets on a tiny vocabular
   CHECK_THROWS_AS(t.token_text(-1), std::out_of_range);
   CHECK_THROWS_AS(t.token_text(t.vocab_size()), std::out_of_range);
 
-  CHECK_THROWS_WITH(tokenizer::from_gguf(llama::gguf::file::from_memory(tiny_tokenizer_file("qwen2"))),
-                    doctest::Contains("qwen2"));
+  CHECK_THROWS_WITH(tokenizer::from_gguf(llama::gguf::file::from_memory(tiny_tokenizer_file("deepseek-llm"))),
+                    doctest::Contains("deepseek-llm"));
+  CHECK_FALSE(t.add_bos());
 }
 
 TEST_CASE("tokenizer: tokens_overlapping maps byte ranges to token ranges") {
