@@ -84,6 +84,19 @@ def grid(records: list[dict]) -> dict[tuple, dict]:
             for d in ax["defense"] for p in ax["policy"] for v in ax["variant"] for q in ax["ratio"]}
 
 
+def complete_only(records: Iterable[dict]) -> tuple[list[dict], list[int]]:
+    """Keep the items that have a finished run (answered or infeasible) for every configuration any item
+    has, so that every cell averages over the same items when a sweep was stopped part-way."""
+    done = [r for r in latest(records).values() if r.get("status") in ("ok", "infeasible")]
+    confs: dict[int, set] = defaultdict(set)
+    for r in done:
+        confs[r["key"]].add((r["defense"], r["policy"], variant_label(r), float(r["ratio"])))
+    union = set().union(*confs.values()) if confs else set()
+    keep = {k for k, c in confs.items() if c == union}
+    dropped = sorted(k for k in confs if k not in keep)
+    return [r for r in done if r["key"] in keep], dropped
+
+
 def infeasible(records: Iterable[dict]) -> list[dict]:
     return [r for r in latest(records).values() if r.get("status") == "infeasible"]
 

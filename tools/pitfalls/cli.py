@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results-md", type=Path, default=REPO_ROOT / "docs" / "results.md",
                    help="replace the generated block of this file (between its BEGIN/END markers)")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--all-items", action="store_true",
+                   help="also use items that lack some configurations (default: only complete items)")
 
     c = sub.add_parser("check", help="is the runner there, and does --policy none answer?")
     c.add_argument("--runner", default=None)
@@ -95,6 +97,11 @@ def cmd_run(a) -> int:
     pending = [x for x in runs if x.run_id(s) not in harness.done_ids(out)]
     print(f"plan: {len(subset)} items x {len(a.defenses)} defenses, ratios {ratios}: {len(runs)} runs, "
           f"{len(runs) - len(pending)} already in {out}", file=sys.stderr)
+    walls = [r["wall_s"] for r in harness.read_jsonl(out) if r.get("status") == "ok" and r.get("wall_s")]
+    if walls and pending:
+        mean = sum(walls) / len(walls)
+        print(f"estimate: {len(pending)} pending runs x {mean:.1f} s (mean of {len(walls)} done) = "
+              f"{len(pending) * mean / 60 / max(1, a.jobs):.0f} min with --jobs {a.jobs}", file=sys.stderr)
     if a.dry_run:
         return 0
     binary = find_runner(a.runner)
@@ -114,6 +121,11 @@ def cmd_run(a) -> int:
 def cmd_report(a) -> int:
     inputs = a.inputs or [SMALL_OUT]
     records = [r for path in inputs for r in harness.read_jsonl(path)]
+    if not a.all_items:
+        records, dropped = aggregate.complete_only(records)
+        if dropped:
+            print(f"left out {len(dropped)} items without every configuration (stopped part-way): {dropped}",
+                  file=sys.stderr)
     md = aggregate.report_markdown(records)
     a.md_out.parent.mkdir(parents=True, exist_ok=True)
     a.md_out.write_text(md + "\n", encoding="utf-8")

@@ -60,13 +60,17 @@ def load_attack(data_dir: Path) -> str:
 
 def pick_subset(items: list[Item], n: int | None, seed: int = 0) -> list[Item]:
     """n items, half single-instruction and half multi-instruction (the rank correlation between the
-    two needs both), drawn with a fixed seed so every machine runs the same subset; in file order."""
+    two needs both), drawn with a fixed seed so every machine runs the same subset. They alternate
+    single, multi, single, ... so that a sweep stopped early has finished a balanced prefix of items."""
     if n is None or n >= len(items):
         return list(items)
     rng = random.Random(seed)
     single = [i for i in items if not i.multi]
     multi = [i for i in items if i.multi]
     n_multi = min(len(multi), n // 2)
-    chosen = rng.sample(single, min(len(single), n - n_multi)) + rng.sample(multi, n_multi)
-    keys = {i.key for i in chosen}
-    return [i for i in items if i.key in keys]
+    s = sorted(rng.sample(single, min(len(single), n - n_multi)), key=lambda i: i.key)
+    m = sorted(rng.sample(multi, n_multi), key=lambda i: i.key)
+    out = []
+    for k in range(max(len(s), len(m))):
+        out += s[k:k + 1] + m[k:k + 1]
+    return out

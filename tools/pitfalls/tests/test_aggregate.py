@@ -96,7 +96,7 @@ def test_report_writes_tables_plots_and_results_block(tmp_path):
     results_md.write_text(f"# Results\n\nbefore\n{cli.BEGIN}\nold\n{cli.END}\nafter\n")
     md_out, img = tmp_path / "report.md", tmp_path / "img"
     rc = cli.main(["report", str(DATA), "--img-dir", str(img), "--md-out", str(md_out),
-                   "--results-md", str(results_md)])
+                   "--results-md", str(results_md), "--all-items"])
     assert rc == 0
     md = md_out.read_text()
     assert "| knorm | plain | 0.200 | 0.700 |" in md           # leakage row: baseline, ratio 0.5
@@ -107,3 +107,10 @@ def test_report_writes_tables_plots_and_results_block(tmp_path):
         assert p.is_file() and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
     text = results_md.read_text()
     assert "old" not in text and "before" in text and "after" in text and "| knorm | plain | 0.200 | 0.700 |" in text
+
+
+def test_complete_only_drops_items_of_a_stopped_sweep(records):
+    # Item 1 has baseline, knorm plain/fair and an infeasible whitelist run; item 2 lacks the whitelist run.
+    kept, dropped = agg.complete_only(records)
+    assert dropped == [2]
+    assert {r["key"] for r in kept} == {1} and {r["run_id"] for r in kept} == {"A", "C", "E", "H"}
