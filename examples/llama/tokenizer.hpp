@@ -470,6 +470,17 @@ class tokenizer {
     }
     if (syms.empty()) return;
     syms.back().next = -1;
+    if (pre_ == pre_kind::llama3 && syms.size() > 1) {
+      // Llama 3 vocabularies set ignore_merges (HF) / llama.cpp does the same: a pre-token that is itself a
+      // vocabulary entry is emitted whole, even where the merges would not build it.
+      std::string whole;
+      for (const symbol& sym : syms) whole += sym.text;
+      if (auto it = index_.find(whole); it != index_.end() && syms.size() == word.size()) {
+        out.ids.push_back(it->second);
+        out.offsets.push_back({base, base + word.size()});
+        return;
+      }
+    }
 
     struct candidate {
       int32_t rank;

@@ -39,6 +39,8 @@ std::vector<std::byte> tiny_tokenizer_file(const std::string& pre) {
     tokens.push_back(merged);
     types.push_back(1);
   }
+  tokens.push_back("xyz");  // no merge builds it: only Llama-3's ignore_merges emits it whole
+  types.push_back(1);
   llama::test::writer w;
   w.header(3, 0, 7);
   w.kv_str("tokenizer.ggml.model", "gpt2");
@@ -216,7 +218,7 @@ TEST_CASE("tokenizer: pre-tokenizers match Python's regex module on 600 random s
 
 TEST_CASE("tokenizer: BPE merges, special tokens and offsets on a tiny vocabulary") {
   const auto t = tokenizer::from_gguf(llama::gguf::file::from_memory(tiny_tokenizer_file("smollm")));
-  CHECK(t.vocab_size() == 3 + 256 + 7);
+  CHECK(t.vocab_size() == 3 + 256 + 7 + 1);
   CHECK(t.bos() == 1);
   CHECK(t.eos() == 2);
   CHECK(t.token_id("<|im_end|>") == 2);
@@ -252,6 +254,11 @@ TEST_CASE("tokenizer: BPE merges, special tokens and offsets on a tiny vocabular
   CHECK_THROWS_WITH(tokenizer::from_gguf(llama::gguf::file::from_memory(tiny_tokenizer_file("deepseek-llm"))),
                     doctest::Contains("deepseek-llm"));
   CHECK_FALSE(t.add_bos());
+
+  const auto l3 = tokenizer::from_gguf(llama::gguf::file::from_memory(tiny_tokenizer_file("llama-bpe")));
+  CHECK(l3.encode("xyz") == std::vector<int32_t>{l3.token_id("xyz")});
+  CHECK(t.encode("xyz").size() == 3);
+  CHECK(l3.encode(" the") == std::vector<int32_t>{the});
 }
 
 TEST_CASE("tokenizer: tokens_overlapping maps byte ranges to token ranges") {
