@@ -36,7 +36,9 @@ def variant_label(r: dict) -> str:
 
 
 def axes(records: list[dict]) -> dict[str, list]:
-    pol = sorted({r["policy"] for r in records if r["policy"] != "none"})
+    order = ("knorm", "streaming_llm", "snapkv", "tova", "h2o")   # the paper's
+    pol = sorted({r["policy"] for r in records if r["policy"] != "none"},
+                 key=lambda p: (order.index(p) if p in order else 9, p))
     labels = {variant_label(r) for r in records if float(r["ratio"]) > 0}
     var = sorted(labels, key=lambda v: (VARIANT_ORDER.index(v.split(" ")[0]) if v.split(" ")[0] in VARIANT_ORDER
                                         else 9, v))
