@@ -227,7 +227,7 @@ template <class T, class SideK, class SideV>
   void* base = align_base(d_temp);
   compact_layout(base, w, items);
   FAIRKV_CUDA_TRY(cudaMemsetAsync(base, 0, needed - 256, stream));
-  if (plan.rows() == 0) return {};
+  if (items == 0) return {};  // no rows or no capacity: nothing can move
   validate_plan_kernel<<<static_cast<unsigned>(plan.rows()), 256, 0, stream>>>(plan, k, tokens, w.state);
   if constexpr (requires { k.indptr; })
     validate_pages_kernel<<<64, 256, 0, stream>>>(k, w.state);

@@ -9,9 +9,10 @@
 // that the CPU oracle makes is made on the host, with the CPU's messages, before the first launch. Nothing is
 // allocated and the host never waits for the device, so a plan can be captured in a CUDA graph.
 //
-// Pipeline (all on `stream`): score -> [head mean for union] -> select (one block per (row, group): radix
-// select of the threshold + stable scan-based marking, see detail/select.cuh) -> emit (scan of the keep mask
-// into ascending indices). Budgets per (head, group) are computed on the host by the policy's allocator: they
+// Pipeline (all on `stream`): score -> [head mean for union] -> select: radix select of each (row, group)
+// threshold + stable scan-based marking (per_head / union: many blocks per problem, detail/select_split.cuh;
+// head_adaptive: one block per (sequence, group), detail/select.cuh) -> emit (count + scan of the keep mask into
+// ascending indices, many blocks per row). Budgets per (head, group) are computed on the host by the policy's allocator: they
 // depend only on the sizes and whitelist counts, which the host knows. debias needs the plain policy's
 // per-group counts (a device result) and is not supported here (status::not_supported).
 #pragma once
@@ -30,6 +31,7 @@
 #include "fairkv/cuda/detail/plan_kernels.cuh"
 #include "fairkv/cuda/detail/score_attention.cuh"
 #include "fairkv/cuda/detail/score_keys.cuh"
+#include "fairkv/cuda/detail/select_split.cuh"
 #include "fairkv/cuda/detail/workspace.cuh"
 #include "fairkv/cuda/error.cuh"
 #include "fairkv/keep_plan.hpp"
@@ -146,6 +148,10 @@ inline void build_runs(std::span<const segment> segments, std::int32_t tokens, p
   }
   if (pos < tokens) p.runs[p.n_runs++] = {pos, tokens, remainder};
   p.groups = n_segments + (covered < tokens ? 1 : 0);
+  for (std::int32_t g = 0; g < p.groups; ++g) p.sizes[g] = 0;
+  for (std::int32_t r = 0; r < p.n_runs; ++r) p.sizes[p.runs[r].group] += p.runs[r].end - p.runs[r].begin;
+  p.slice_begin[0] = 0;
+  for (std::int32_t g = 0; g < p.groups; ++g) p.slice_begin[g + 1] = p.slice_begin[g] + slices_of(p.sizes[g]);
 }
 
 // Scoring regions and the query rows each needs (cpu/score.hpp's score_region, one entry per region).
@@ -261,9 +267,17 @@ template <class S, class Sel, class A, class KeySource, class Q>
     return result::error(status::not_supported,
                          "%lld heads x %lld groups exceed the CUDA backend's %d budget entries",
                          static_cast<long long>(heads), static_cast<long long>(groups_bound), max_budget_entries);
-  if (batch > 65535 || heads * batch > INT32_MAX)
-    return result::error(status::not_supported, "batch = %lld exceeds the CUDA backend's grid limit of 65535",
-                         static_cast<long long>(batch));
+  if (batch * heads > 65535)
+    return result::error(status::not_supported,
+                         "batch x heads = %lld exceeds the CUDA backend's grid limit of 65535 (batch, head) rows",
+                         static_cast<long long>(batch * heads));
+  if (batch * heads * (static_cast<std::int64_t>(segments.size()) + 1) > 65535)
+    return result::error(status::not_supported,
+                         "batch x heads x groups = %lld exceeds the CUDA backend's grid limit of 65535 problems",
+                         static_cast<long long>(batch * heads * (static_cast<std::int64_t>(segments.size()) + 1)));
+  if (in.q_heads() > 65535)
+    return result::error(status::not_supported, "%lld query heads exceed the CUDA backend's grid limit of 65535",
+                         static_cast<long long>(in.q_heads()));
 
   p.batch = static_cast<std::int32_t>(batch);
   p.heads = static_cast<std::int32_t>(heads);
@@ -278,7 +292,7 @@ template <class S, class Sel, class A, class KeySource, class Q>
   std::sort(p.forced, p.forced + whitelist.size());
   p.n_forced = static_cast<std::int32_t>(std::unique(p.forced, p.forced + whitelist.size()) - p.forced);
   std::int64_t sizes[max_groups] = {}, forced_n[max_groups] = {}, scratch[max_groups] = {};
-  for (std::int32_t r = 0; r < p.n_runs; ++r) sizes[p.runs[r].group] += p.runs[r].end - p.runs[r].begin;
+  for (std::int32_t g = 0; g < p.groups; ++g) sizes[g] = p.sizes[g];
   for (std::int32_t i = 0; i < p.n_forced; ++i) ++forced_n[group_of(p, p.forced[i])];
   const std::int64_t n_keep = keep_budget(L, ratio);
   // Every sequence of a kv_view has the same length, so the CPU would report sequence 0 first.
@@ -326,6 +340,9 @@ struct plan_workspace {
   std::uint8_t* keep = nullptr; // [batch * heads, tokens] keep mask ([batch, tokens] for union)
   row_stat* stats = nullptr;    // [batch, q_heads, total_rows] softmax statistics of the query rows
   float* acc = nullptr;         // [batch, q_heads, tokens] accumulated attention
+  split_state* states = nullptr;  // [selection rows * groups] per-problem radix state (per_head, union)
+  unsigned* slice_hist = nullptr; // [selection rows, total slices, 256] last-pass histogram of every slice
+  std::int32_t* chunk_counts = nullptr;  // [batch * heads, emit chunks] kept tokens per emit chunk
 };
 
 template <class S, class Sel>
@@ -340,6 +357,12 @@ std::size_t layout(void* base, plan_workspace& w, const plan_params& p, const at
   c.carve(w.keep, (uni ? B : B * H) * L);
   c.carve(w.stats, attn ? B * static_cast<std::size_t>(a.q_heads) * static_cast<std::size_t>(a.total_rows) : 0);
   c.carve(w.acc, attn ? B * static_cast<std::size_t>(a.q_heads) * L : 0);
+  constexpr bool split = Sel::kind != selection_kind::head_adaptive;
+  const std::size_t sel_rows = uni ? B : B * H;
+  c.carve(w.states, split ? sel_rows * static_cast<std::size_t>(p.groups) : 0);
+  c.carve(w.slice_hist, split ? sel_rows * static_cast<std::size_t>(p.slice_begin[p.groups]) * 256u : 0);
+  const std::size_t chunks = (L + static_cast<std::size_t>(emit_chunk) - 1) / static_cast<std::size_t>(emit_chunk);
+  c.carve(w.chunk_counts, B * H * chunks);
   return c.bytes();
 }
 
@@ -383,7 +406,7 @@ template <class S, class T, class Q>
     attention_finalize_kernel<S::source>
         <<<grid_for(rows * p.tokens, 256), 256, 0, stream>>>(a, p.batch, p.heads, p.tokens, w.acc, w.scores);
     if constexpr (S::source != score_source::observed_attention)
-      attention_pad_kernel<<<dim3(static_cast<unsigned>(a.n_regions), static_cast<unsigned>(p.batch)),
+      attention_pad_kernel<><<<dim3(static_cast<unsigned>(a.n_regions), static_cast<unsigned>(p.batch)),
                              attention_threads, 0, stream>>>(a, p.heads, p.tokens, w.scores);
   }
   return from_cuda(cudaGetLastError());
@@ -437,24 +460,39 @@ template <class S, class Sel, class A, class KeySource, class Q>
   detail::layout<S, Sel>(detail::align_base(d_temp_storage), w, p, a);
 
   FAIRKV_TRY((detail::launch_scores<S, T, Q>(pol.scorer, in, p, a, w, stream)));
-  const unsigned groups = static_cast<unsigned>(p.groups);
   const std::int64_t rows = static_cast<std::int64_t>(p.batch) * p.heads;
-  if constexpr (Sel::kind == selection_kind::per_head) {
-    detail::select_kernel<selection_kind::per_head>
-        <<<dim3(static_cast<unsigned>(rows), groups), detail::select_threads, 0, stream>>>(p, w.scores, w.keep);
-  } else if constexpr (Sel::kind == selection_kind::union_heads) {
-    detail::head_mean_kernel<<<detail::grid_for(static_cast<std::int64_t>(p.batch) * p.tokens, 256), 256, 0,
-                               stream>>>(w.scores, p.batch, p.heads, p.tokens, w.mean);
-    detail::select_kernel<selection_kind::union_heads>
-        <<<dim3(static_cast<unsigned>(p.batch), groups), detail::select_threads, 0, stream>>>(p, w.mean, w.keep);
+  if constexpr (Sel::kind == selection_kind::per_head || Sel::kind == selection_kind::union_heads) {
+    constexpr bool uni = Sel::kind == selection_kind::union_heads;
+    const float* sel_scores = w.scores;
+    if constexpr (uni) {
+      detail::head_mean_kernel<><<<detail::grid_for(static_cast<std::int64_t>(p.batch) * p.tokens, 256), 256, 0,
+                                 stream>>>(w.scores, p.batch, p.heads, p.tokens, w.mean);
+      sel_scores = w.mean;
+    }
+    const std::int64_t problems = (uni ? p.batch : rows) * p.groups;
+    std::int32_t max_slices = 0;
+    for (std::int32_t g = 0; g < p.groups; ++g) max_slices = std::max(max_slices, detail::slices_of(p.sizes[g]));
+    FAIRKV_CUDA_TRY(cudaMemsetAsync(w.states, 0, static_cast<std::size_t>(problems) * sizeof(detail::split_state), stream));
+    const dim3 grid(static_cast<unsigned>(max_slices), static_cast<unsigned>(problems));
+    for (int pass = 0; pass < 4; ++pass)
+      detail::split_hist_kernel<Sel::kind>
+          <<<grid, detail::split_threads, 0, stream>>>(p, sel_scores, w.states, w.slice_hist, pass);
+    detail::split_mark_kernel<Sel::kind>
+        <<<grid, detail::split_threads, 0, stream>>>(p, sel_scores, w.states, w.slice_hist, w.keep);
   } else if constexpr (Sel::kind == selection_kind::head_adaptive) {
     detail::select_kernel<selection_kind::head_adaptive>
-        <<<dim3(static_cast<unsigned>(p.batch), groups), detail::select_threads, 0, stream>>>(p, w.scores, w.keep);
+        <<<dim3(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.groups)), detail::select_threads, 0, stream>>>(
+            p, w.scores, w.keep);
   } else {
     static_assert(dependent_false<Sel>, "fairkv::cuda::plan: unknown selection_kind");
   }
-  detail::emit_kernel<<<static_cast<unsigned>(rows), detail::emit_threads, 0, stream>>>(
-      w.keep, p.heads, p.tokens, Sel::kind == selection_kind::union_heads, out);
+  const bool shared_mask = Sel::kind == selection_kind::union_heads;
+  const dim3 emit_grid(static_cast<unsigned>((p.tokens + detail::emit_chunk - 1) / detail::emit_chunk),
+                       static_cast<unsigned>(rows));
+  detail::emit_count_kernel<><<<emit_grid, detail::emit_threads, 0, stream>>>(w.keep, p.heads, p.tokens, shared_mask,
+                                                                              w.chunk_counts);
+  detail::emit_write_kernel<><<<emit_grid, detail::emit_threads, 0, stream>>>(w.keep, p.heads, p.tokens, shared_mask,
+                                                                              w.chunk_counts, out);
   return from_cuda(cudaGetLastError());
 }
 

@@ -32,6 +32,8 @@ struct plan_params {
   std::int32_t n_forced = 0;   // distinct whitelisted positions
   float alpha = 0.f;           // head_adaptive safeguard
   std::int32_t forced_n[max_groups];            // [groups] whitelisted tokens per group
+  std::int32_t sizes[max_groups];               // [groups] tokens per group
+  std::int32_t slice_begin[max_groups + 1];     // [groups + 1] first selection slice of each group (split select)
   std::int32_t budgets[max_budget_entries];     // [heads, groups] checked budgets
   run runs[max_runs];                           // [n_runs] ascending, covering [0, tokens)
   std::int32_t forced[max_whitelist];           // [n_forced] ascending, distinct

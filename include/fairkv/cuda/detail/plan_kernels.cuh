@@ -2,6 +2,7 @@
 // the stable scan-based gather of the mask into the keep plan.
 #pragma once
 
+#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include <cstdint>
@@ -14,8 +15,12 @@
 
 namespace fairkv::cuda::detail {
 
+// Non-template kernels are templates with a defaulted parameter: a plain __global__ function defined in a header
+// would be defined once per translation unit and break the link of a program with two .cu files.
+
 // mean [batch, tokens] = sum over heads in head order, then / heads (the CPU's exact expression; a NaN in any
 // head propagates). scores [batch * heads, tokens]
+template <int = 0>
 __global__ void head_mean_kernel(const float* scores, std::int32_t batch, std::int32_t heads, std::int32_t tokens,
                                  float* mean) {
   const std::int64_t total = static_cast<std::int64_t>(batch) * tokens;
@@ -28,30 +33,16 @@ __global__ void head_mean_kernel(const float* scores, std::int32_t batch, std::i
   }
 }
 
-// One block per (problem row, group). Writes keep[row, t] for every token t of the group: 1 if whitelisted or
-// selected. per_head / union: rows = batch * heads / batch, scores [rows, tokens], keep [rows, tokens].
-// head_adaptive: rows = batch, scores [batch * heads, tokens], keep [batch * heads, tokens].
+// head_adaptive: one block per (sequence, group), because the layer-global choice of a group depends on every
+// head's safeguard. Writes keep[b * heads + h, t] for every token t of the group: 1 if whitelisted or selected.
+// scores [batch * heads, tokens], keep [batch * heads, tokens]. (per_head and union use select_split.cuh.)
 template <selection_kind Kind>
 __global__ void __launch_bounds__(select_threads)
     select_kernel(const plan_params p, const float* __restrict__ scores, std::uint8_t* __restrict__ keep) {
   __shared__ select_smem s;
   const std::int32_t row = blockIdx.x, g = blockIdx.y;
   const std::int64_t L = p.tokens;
-  if constexpr (Kind == selection_kind::per_head || Kind == selection_kind::union_heads) {
-    const float* sc = scores + row * L;
-    std::uint8_t* kp = keep + row * L;
-    const std::int32_t h = Kind == selection_kind::per_head ? row % p.heads : 0;
-    for_each_in_group(p, g, 1, [&](std::int32_t t, std::int32_t) { kp[t] = is_forced(p, t) ? 1 : 0; });
-    auto bits = [&](std::int32_t t, std::int32_t, std::uint32_t& out) {
-      if (is_forced(p, t)) return false;
-      out = fairkv::detail::order_bits(sc[t]);
-      return true;
-    };
-    const std::int64_t k = static_cast<std::int64_t>(p.budgets[h * p.groups + g]) - p.forced_n[g];
-    const threshold th = block_select(s, p, g, 1, k, bits);
-    __syncthreads();  // the forced marks above are written before the selected ones
-    block_mark(s, p, g, 1, th, bits, [&](std::int32_t t, std::int32_t) { kp[t] = 1; });
-  } else if constexpr (Kind == selection_kind::head_adaptive) {
+  if constexpr (Kind == selection_kind::head_adaptive) {
     const std::int32_t H = p.heads;
     const float* sc = scores + static_cast<std::int64_t>(row) * H * L;  // this sequence's [heads, tokens]
     std::uint8_t* kp = keep + static_cast<std::int64_t>(row) * H * L;
@@ -84,42 +75,64 @@ __global__ void __launch_bounds__(select_threads)
     // Each element is tested once, in its own tile, before it is marked: marking in place is safe.
     block_mark(s, p, g, H, th, pair_bits, [&](std::int32_t t, std::int32_t h) { kp[h * L + t] = 1; });
   } else {
-    static_assert(fairkv::dependent_false<decltype(Kind)>, "fairkv::cuda: unknown selection_kind");
+    static_assert(fairkv::dependent_false<decltype(Kind)>, "fairkv::cuda: select_kernel is for head_adaptive");
   }
 }
 
 inline constexpr int emit_threads = 256;
-inline constexpr int emit_items = 8;
+inline constexpr int emit_items = 16;
+inline constexpr std::int32_t emit_chunk = emit_threads * emit_items;  // tokens per block
 
-// The stable gather: one block per (batch, head) row scans the keep mask in ascending token order and writes the
-// kept indices, the count and the length. keep [batch * heads or batch (shared_mask), tokens]
+// The stable gather, in two launches so that a long row is spread over many blocks:
+// emit_count_kernel counts the kept tokens of every chunk of emit_chunk tokens, emit_write_kernel scans its
+// chunk (CUB BlockScan) and writes the kept indices in ascending order at the row's offset (the counts of the
+// earlier chunks), plus the count and the length. grid = (chunks per row, batch * heads).
+// keep [batch * heads or batch (shared_mask), tokens], chunk_counts [batch * heads, chunks per row]
+template <int = 0>
 __global__ void __launch_bounds__(emit_threads)
-    emit_kernel(const std::uint8_t* __restrict__ keep, std::int32_t heads, std::int32_t tokens, bool shared_mask,
-                keep_plan_view out) {
+    emit_count_kernel(const std::uint8_t* __restrict__ keep, std::int32_t heads, std::int32_t tokens, bool shared_mask,
+                      std::int32_t* chunk_counts) {
+  using reduce_t = cub::BlockReduce<int, emit_threads>;
+  __shared__ typename reduce_t::TempStorage tmp;
+  const std::int64_t row = blockIdx.y;
+  const std::uint8_t* m = keep + (shared_mask ? row / heads : row) * static_cast<std::int64_t>(tokens);
+  const std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * emit_chunk + threadIdx.x * emit_items;
+  int n = 0;
+#pragma unroll
+  for (int i = 0; i < emit_items; ++i) n += (base + i < tokens && m[base + i] != 0) ? 1 : 0;
+  const int total = reduce_t(tmp).Sum(n);
+  if (threadIdx.x == 0) chunk_counts[row * gridDim.x + blockIdx.x] = total;
+}
+
+template <int = 0>
+__global__ void __launch_bounds__(emit_threads)
+    emit_write_kernel(const std::uint8_t* __restrict__ keep, std::int32_t heads, std::int32_t tokens, bool shared_mask,
+                      const std::int32_t* __restrict__ chunk_counts, keep_plan_view out) {
   using scan_t = cub::BlockScan<int, emit_threads>;
   __shared__ typename scan_t::TempStorage scan;
-  const std::int64_t row = blockIdx.x;
-  const std::uint8_t* m = keep + (shared_mask ? row / heads : row) * tokens;
-  std::int32_t* idx = out.indices + row * out.capacity;
-  int carry = 0;
-  constexpr int tile = emit_threads * emit_items;
-  for (std::int64_t base = 0; base < tokens; base += tile) {
-    int flag[emit_items], pos[emit_items];
-    for (int i = 0; i < emit_items; ++i) {
-      const std::int64_t t = base + threadIdx.x * emit_items + i;
-      flag[i] = (t < tokens && m[t] != 0) ? 1 : 0;
-    }
-    int agg = 0;
-    scan_t(scan).ExclusiveSum(flag, pos, agg);
-    for (int i = 0; i < emit_items; ++i)
-      if (flag[i]) idx[carry + pos[i]] = static_cast<std::int32_t>(base + threadIdx.x * emit_items + i);
-    carry += agg;
-    __syncthreads();
-  }
+  __shared__ int offset;
+  const std::int64_t row = blockIdx.y;
+  const std::int32_t* cc = chunk_counts + row * gridDim.x;
   if (threadIdx.x == 0) {
-    out.counts[row] = carry;
-    if (row % heads == 0) out.lengths[row / heads] = tokens;
+    int before = 0;
+    for (unsigned c = 0; c < blockIdx.x; ++c) before += cc[c];
+    offset = before;
+    if (blockIdx.x == gridDim.x - 1) {
+      out.counts[row] = before + cc[blockIdx.x];
+      if (row % heads == 0) out.lengths[row / heads] = tokens;
+    }
   }
+  const std::uint8_t* m = keep + (shared_mask ? row / heads : row) * static_cast<std::int64_t>(tokens);
+  const std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * emit_chunk + threadIdx.x * emit_items;
+  int flag[emit_items], pos[emit_items];
+#pragma unroll
+  for (int i = 0; i < emit_items; ++i) flag[i] = (base + i < tokens && m[base + i] != 0) ? 1 : 0;
+  scan_t(scan).ExclusiveSum(flag, pos);
+  __syncthreads();  // `offset` is written by thread 0
+  std::int32_t* idx = out.indices + row * out.capacity + offset;
+#pragma unroll
+  for (int i = 0; i < emit_items; ++i)
+    if (flag[i]) idx[pos[i]] = static_cast<std::int32_t>(base + i);
 }
 
 }  // namespace fairkv::cuda::detail

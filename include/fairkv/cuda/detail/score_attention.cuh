@@ -198,6 +198,7 @@ __global__ void attention_finalize_kernel(const attention_params a, std::int32_t
 
 // One block per (region, batch): the window tokens (or TOVA's anchor) score max + 1 over the region's scored
 // tokens of every head, NaN ignored; 1 when nothing is scored. scores [batch * heads, tokens]
+template <int = 0>
 __global__ void __launch_bounds__(attention_threads)
     attention_pad_kernel(const attention_params a, std::int32_t heads, std::int32_t tokens, float* scores) {
   using reduce_t = cub::BlockReduce<float, attention_threads>;
