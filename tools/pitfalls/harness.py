@@ -163,6 +163,8 @@ def execute(runs: list[Run], out: Path, binary: Path, attack: str, s: Settings, 
             rec.update(status="ok", wall_s=round(wall, 3))
         except RunnerError as e:
             rec.update(status="infeasible" if is_budget_error(e) else "error", error=str(e)[:500])
+        except Exception as e:  # noqa: BLE001 - a timeout or an unreadable document fails this run only
+            rec.update(status="error", error=f"{type(e).__name__}: {e}"[:500])
         rec["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         return rec
 
