@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
+#include <utility>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -131,9 +133,7 @@ class engine {
     for (int l = 0; l < hp_.n_layers; ++l) {
       const layer_weights& w = m_.layer(l);
       rms_norm(x_.data(), w.attn_norm, xn_.data(), T, d);
-      matmul(w.wq, xn_.data(), q_.data(), T, /*quantise_input=*/true);
-      matmul(w.wk, xn_.data(), k_.data(), T, /*quantise_input=*/false);  // reuses the quantised xn
-      matmul(w.wv, xn_.data(), v_.data(), T, false);
+      matmul({{&w.wq, q_.data()}, {&w.wk, k_.data()}, {&w.wv, v_.data()}}, xn_.data(), T);
       for (int t = 0; t < T; ++t) {
         const int pos = n_past_ + t;
         for (int h = 0; h < hp_.n_heads; ++h) rope(q_.data() + size_t(t) * q_dim + size_t(h) * hd, pos);
@@ -148,17 +148,16 @@ class engine {
       }
       append_kv(l, T);
       attention(l, T);
-      matmul(w.wo, att_.data(), tmp_.data(), T, true);
+      matmul({{&w.wo, tmp_.data()}}, att_.data(), T);
       for (size_t i = 0; i < size_t(T) * d; ++i) x_[i] += tmp_[i];
 
       rms_norm(x_.data(), w.ffn_norm, xn_.data(), T, d);
-      matmul(w.w_gate, xn_.data(), gate_.data(), T, true);
-      matmul(w.w_up, xn_.data(), up_.data(), T, false);
+      matmul({{&w.w_gate, gate_.data()}, {&w.w_up, up_.data()}}, xn_.data(), T);
       for (size_t i = 0; i < size_t(T) * hp_.d_ff; ++i) {
         const float g = gate_[i];
         gate_[i] = g / (1.0f + std::exp(-g)) * up_[i];  // SiLU(gate) * up
       }
-      matmul(w.w_down, gate_.data(), tmp_.data(), T, true);
+      matmul({{&w.w_down, tmp_.data()}}, gate_.data(), T);
       for (size_t i = 0; i < size_t(T) * d; ++i) x_[i] += tmp_[i];
     }
     n_past_ += T;
@@ -170,7 +169,7 @@ class engine {
     const int d = hp_.d_model;
     xn_.resize(size_t(count) * d);
     rms_norm(x_.data() + size_t(first) * d, m_.output_norm(), xn_.data(), count, d);
-    matmul(m_.output(), xn_.data(), out, count, true);
+    matmul({{&m_.output(), out}}, xn_.data(), count);
   }
 
   static void rms_norm_row(const float* x, const float* w, float* y, int n, float eps) {
@@ -214,7 +213,9 @@ class engine {
     const int hd = hp_.head_dim, q_dim = hp_.n_heads * hd, group = hp_.n_heads / hp_.n_kv_heads;
     const float scale = 1.0f / std::sqrt(float(hd));
     const kv_layer& cl = cache_.layer(l);
-#pragma omp parallel for schedule(dynamic, 1)
+    // A decode step over a short cache is too little work to be worth a barrier.
+    const bool parallel = int64_t(T) * cache_.max_len(l) >= 2048;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
     for (int h = 0; h < hp_.n_heads; ++h) {
       const int g = h / group;
       const int L = cl.len[size_t(g)];  // includes this chunk's T tokens
@@ -247,51 +248,64 @@ class engine {
     }
   }
 
-  // y[T][n_out] = x[T][n_in] . W^T, split over output rows between threads.
+  // One output of a matmul: y[T][w->n_out] = x[T][n_in] . W^T.
+  struct matmul_job {
+    const matrix* w;
+    float* y;
+  };
+
+  // Several products of the same input x[T][n_in] (Q/K/V, gate/up) in ONE parallel loop over their
+  // concatenated output rows: one barrier instead of one per matrix, which matters when cores are contended.
   //  - exact (default): a few tokens (decode) multiply each weight block expanded in registers with the float
   //    activations; a batch (prefill) expands a tile of weight rows to floats once and multiplies it with
   //    all tokens in one Eigen matrix product.
-  //  - q8_activations: llama.cpp's scheme, the rows of x quantised to 8-bit blocks and integer block dots
-  //    (quantise_input = false: x is unchanged since the previous call on it, whose blocks are reused).
-  void matmul(const matrix& w, const float* x, float* y, int T, bool quantise_input) {
-    const int64_t n_in = w.n_in, n_out = w.n_out, nb = n_in / quant::qk;
-    if (quantise_input) xq_src_ = nullptr;  // x holds new values
-    if (opt_.q8_activations && quant::is_block_quant(w.type)) {
-      if (xq_src_ != x || xq_rows_ != T || xq_n_in_ != n_in) {
-        xq_.resize(size_t(T) * size_t(nb));  // [T, n_in/32]
-        for (int t = 0; t < T; ++t)
-          quant::quantize_row_q8_act(x + size_t(t) * n_in, xq_.data() + size_t(t) * nb, n_in);
-        xq_src_ = x;
-        xq_rows_ = T;
-        xq_n_in_ = n_in;
-      }
-#pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < n_out; ++r)
-        for (int t = 0; t < T; ++t)
-          y[size_t(t) * n_out + r] = quant::vec_dot_row(w.type, w.row(r), nullptr, xq_.data() + size_t(t) * nb, n_in);
-      return;
+  //  - q8_activations: llama.cpp's scheme, the rows of x quantised once to 8-bit blocks and integer block dots.
+  void matmul(std::initializer_list<matmul_job> jobs_in, const float* x, int T) {
+    const std::vector<matmul_job> jobs(jobs_in);
+    const int64_t n_in = jobs.front().w->n_in, nb = n_in / quant::qk;
+    constexpr int64_t tile = 32;  // rows per work item: 32 x 1536 expanded floats = 192 KiB at most
+    // Work items: (job, first row) tiles over every job's rows.
+    std::vector<std::pair<int, int64_t>> items;
+    bool any_block = false;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      if (jobs[j].w->n_in != n_in) throw std::logic_error("matmul: jobs with different input sizes");
+      any_block = any_block || quant::is_block_quant(jobs[j].w->type);
+      for (int64_t r0 = 0; r0 < jobs[j].w->n_out; r0 += tile) items.emplace_back(int(j), r0);
     }
-    if (T < gemm_min_tokens) {
+    const bool q8 = opt_.q8_activations && any_block;
+    if (q8) {
+      xq_.resize(size_t(T) * size_t(nb));  // [T, n_in/32]
+      for (int t = 0; t < T; ++t) quant::quantize_row_q8_act(x + size_t(t) * n_in, xq_.data() + size_t(t) * nb, n_in);
+    }
+    const bool gemm = !q8 && T >= gemm_min_tokens;
+    if (!gemm) {
       xsum_.resize(size_t(T) * size_t(nb));  // [T, n_in/32] block sums of x
       for (int t = 0; t < T; ++t) quant::block_sums(x + size_t(t) * n_in, xsum_.data() + size_t(t) * nb, n_in);
-#pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < n_out; ++r)
-        for (int t = 0; t < T; ++t)
-          y[size_t(t) * n_out + r] = quant::vec_dot_row_f32(w.type, w.row(r), x + size_t(t) * n_in,
-                                                            xsum_.data() + size_t(t) * nb, n_in);
-      return;
     }
-    constexpr int64_t tile = 32;  // weight rows expanded at once: 32 x 1536 floats = 192 KiB at most
-    Eigen::Map<const mat_rm> xm(x, T, n_in);  // [T, n_in]
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t r0 = 0; r0 < n_out; r0 += tile) {
-      const int64_t rows = std::min(tile, n_out - r0);
-      thread_local std::vector<float> wt;  // [tile, n_in] expanded weight rows
-      wt.resize(size_t(rows) * size_t(n_in));
-      for (int64_t r = 0; r < rows; ++r) quant::dequantize_row(w.type, w.row(r0 + r), wt.data() + r * n_in, n_in);
-      Eigen::Map<const mat_rm> wm(wt.data(), rows, n_in);
-      Eigen::Map<mat_rm, 0, Eigen::OuterStride<>> ym(y + r0, T, rows, Eigen::OuterStride<>(n_out));
-      ym.noalias() = xm * wm.transpose();
+    const int64_t n_items = int64_t(items.size());
+#pragma omp parallel for schedule(static) if (n_items > 1)
+    for (int64_t it = 0; it < n_items; ++it) {
+      const matrix& w = *jobs[size_t(items[size_t(it)].first)].w;
+      float* y = jobs[size_t(items[size_t(it)].first)].y;
+      const int64_t r0 = items[size_t(it)].second, rows = std::min(tile, w.n_out - r0), n_out = w.n_out;
+      if (gemm) {
+        thread_local std::vector<float> wt;  // [tile, n_in] expanded weight rows
+        wt.resize(size_t(rows) * size_t(n_in));
+        for (int64_t r = 0; r < rows; ++r) quant::dequantize_row(w.type, w.row(r0 + r), wt.data() + r * n_in, n_in);
+        Eigen::Map<const mat_rm> wm(wt.data(), rows, n_in);  // [rows, n_in]
+        Eigen::Map<const mat_rm> xm(x, T, n_in);              // [T, n_in]
+        Eigen::Map<mat_rm, 0, Eigen::OuterStride<>> ym(y + r0, T, rows, Eigen::OuterStride<>(n_out));
+        ym.noalias() = xm * wm.transpose();
+      } else if (q8 && quant::is_block_quant(w.type)) {
+        for (int64_t r = r0; r < r0 + rows; ++r)
+          for (int t = 0; t < T; ++t)
+            y[size_t(t) * n_out + r] = quant::vec_dot_row(w.type, w.row(r), nullptr, xq_.data() + size_t(t) * nb, n_in);
+      } else {
+        for (int64_t r = r0; r < r0 + rows; ++r)
+          for (int t = 0; t < T; ++t)
+            y[size_t(t) * n_out + r] = quant::vec_dot_row_f32(w.type, w.row(r), x + size_t(t) * n_in,
+                                                              xsum_.data() + size_t(t) * nb, n_in);
+      }
     }
   }
   static constexpr int gemm_min_tokens = 4;
@@ -308,9 +322,6 @@ class engine {
   std::vector<float> x_, xn_, q_, k_, v_, att_, gate_, up_, tmp_;
   std::vector<float> xsum_;              // [T, n_in/32] block sums of the activations
   std::vector<quant::block_q8_act> xq_;  // [T, n_in/32] quantised activations
-  const float* xq_src_ = nullptr;  // the activations xq_ was quantised from
-  int xq_rows_ = -1;
-  int64_t xq_n_in_ = -1;
 };
 
 }  // namespace llama
