@@ -7,8 +7,8 @@
 //   * a row is cut into chunks of C destination slots [j0, j1); chunks take tickets from an atomic counter, so a
 //     chunk's predecessors have started before it (decoupled look-back style, no deadlock);
 //   * a chunk first reads ALL its sources into shared memory, then publishes "read done";
-//   * before writing its destinations it waits only for the earlier chunks whose sources reach into
-//     [j0, j1) (indices are ascending, so those are the chunks c' < c with indices[last of c'] >= j0);
+//   * before writing its destinations it waits only for the earlier chunks whose sources meet [j0, j1)
+//     (indices are ascending, so they form a range of chunks, found by binary search);
 //   * sources of later chunks are >= their own destinations > j1 - 1, so this chunk never overwrites them.
 // Every kept row is read once and written once (the bandwidth floor), with no copy through the workspace.
 //
@@ -154,8 +154,20 @@ __global__ void __launch_bounds__(compact_threads)
   if (threadIdx.x == 0) {
     publish();
     // Earlier chunks of this row whose sources reach into [j0, j1) must have read them before we overwrite.
-    for (std::int64_t cp = c - 1; cp >= 0; --cp) {
-      if (idx[(cp + 1) * chunk - 1] < j0) break;
+    // Chunk c' < c (always full) reads [idx[c' C], idx[c' C + C - 1]]; both ends ascend with c', so the chunks
+    // that meet [j0, j1) form the range [lo, b), found by two binary searches (a row has up to thousands of
+    // chunks, and only one or two of them overlap at ratio 0.5).
+    std::int64_t lo = 0, hi = c;  // lo: first c' with idx[last of c'] >= j0 (c if none)
+    while (lo < hi) {
+      const std::int64_t mid = (lo + hi) / 2;
+      if (idx[(mid + 1) * chunk - 1] >= j0) hi = mid; else lo = mid + 1;
+    }
+    std::int64_t a = lo, b = c;   // b: one past the last c' with idx[first of c'] < j1
+    while (a < b) {
+      const std::int64_t mid = (a + b) / 2;
+      if (idx[mid * chunk] < j1) a = mid + 1; else b = mid;
+    }
+    for (std::int64_t cp = lo; cp < b; ++cp) {
       ::cuda::atomic_ref<int, ::cuda::thread_scope_device> f(flags[row * chunks_per_row + cp]);
       while (f.load(::cuda::memory_order_acquire) == 0) {
       }

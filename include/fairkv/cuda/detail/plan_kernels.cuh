@@ -38,7 +38,7 @@ __global__ void head_mean_kernel(const float* scores, std::int32_t batch, std::i
 // scores [batch * heads, tokens], keep [batch * heads, tokens]. (per_head and union use select_split.cuh.)
 template <selection_kind Kind>
 __global__ void __launch_bounds__(select_threads)
-    select_kernel(const plan_params p, const float* __restrict__ scores, std::uint8_t* __restrict__ keep) {
+    select_kernel(__grid_constant__ const plan_params p, const float* __restrict__ scores, std::uint8_t* __restrict__ keep) {
   __shared__ select_smem s;
   const std::int32_t row = blockIdx.x, g = blockIdx.y;
   const std::int64_t L = p.tokens;

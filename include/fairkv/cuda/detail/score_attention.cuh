@@ -80,7 +80,7 @@ struct row_stat {
 // grid = (total_rows, q_heads, batch). stats [batch, q_heads, total_rows]
 template <class T, class Q>
 __global__ void __launch_bounds__(attention_threads)
-    attention_stats_kernel(const attention_params a, layer_inputs<kv_view<const T>, Q> in, row_stat* stats) {
+    attention_stats_kernel(__grid_constant__ const attention_params a, layer_inputs<kv_view<const T>, Q> in, row_stat* stats) {
   using reduce_t = cub::BlockReduce<float, attention_threads>;
   __shared__ typename reduce_t::TempStorage tmp;
   __shared__ float shared_max;
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(attention_threads)
 // grid = (ceil(tokens / threads), q_heads, batch). acc [batch, q_heads, tokens]
 template <score_source Source, class T, class Q>
 __global__ void __launch_bounds__(attention_threads)
-    attention_accumulate_kernel(const attention_params a, layer_inputs<kv_view<const T>, Q> in,
+    attention_accumulate_kernel(__grid_constant__ const attention_params a, layer_inputs<kv_view<const T>, Q> in,
                                 const row_stat* stats, float* acc) {
   const std::int64_t L = in.keys.tokens;
   const std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * attention_threads + threadIdx.x;
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(attention_threads)
 
 // scores [batch * heads, tokens] for the scored tokens of every region. acc [batch, q_heads, tokens]
 template <score_source Source>
-__global__ void attention_finalize_kernel(const attention_params a, std::int32_t batch, std::int32_t heads,
+__global__ void attention_finalize_kernel(__grid_constant__ const attention_params a, std::int32_t batch, std::int32_t heads,
                                           std::int32_t tokens, const float* acc, float* scores) {
   const std::int64_t total = static_cast<std::int64_t>(batch) * heads * tokens;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -200,7 +200,7 @@ __global__ void attention_finalize_kernel(const attention_params a, std::int32_t
 // tokens of every head, NaN ignored; 1 when nothing is scored. scores [batch * heads, tokens]
 template <int = 0>
 __global__ void __launch_bounds__(attention_threads)
-    attention_pad_kernel(const attention_params a, std::int32_t heads, std::int32_t tokens, float* scores) {
+    attention_pad_kernel(__grid_constant__ const attention_params a, std::int32_t heads, std::int32_t tokens, float* scores) {
   using reduce_t = cub::BlockReduce<float, attention_threads>;
   __shared__ typename reduce_t::TempStorage tmp;
   __shared__ float pad;

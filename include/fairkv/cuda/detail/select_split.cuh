@@ -78,7 +78,7 @@ struct split_problem {
 // grid = (max slices of a group, problems). slice_hist [rows, total slices, 256]
 template <selection_kind Kind>
 __global__ void __launch_bounds__(split_threads)
-    split_hist_kernel(const plan_params p, const float* __restrict__ scores, split_state* states,
+    split_hist_kernel(__grid_constant__ const plan_params p, const float* __restrict__ scores, split_state* states,
                       unsigned* slice_hist, int pass) {
   __shared__ unsigned hist[256];
   __shared__ bool last;
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(split_threads)
 // grid = (max slices of a group, problems). keep [rows, tokens]: 1 for whitelisted or selected tokens, else 0.
 template <selection_kind Kind>
 __global__ void __launch_bounds__(split_threads)
-    split_mark_kernel(const plan_params p, const float* __restrict__ scores, const split_state* states,
+    split_mark_kernel(__grid_constant__ const plan_params p, const float* __restrict__ scores, const split_state* states,
                       const unsigned* slice_hist, std::uint8_t* keep) {
   using scan_t = cub::BlockScan<int, split_threads>;
   __shared__ typename scan_t::TempStorage scan;
