@@ -155,19 +155,19 @@ __global__ void __launch_bounds__(compact_threads)
     publish();
     // Earlier chunks of this row whose sources reach into [j0, j1) must have read them before we overwrite.
     // Chunk c' < c (always full) reads [idx[c' C], idx[c' C + C - 1]]; both ends ascend with c', so the chunks
-    // that meet [j0, j1) form the range [lo, b), found by two binary searches (a row has up to thousands of
+    // that meet [j0, j1) form the range [lo, end), found by two binary searches (a row has up to thousands of
     // chunks, and only one or two of them overlap at ratio 0.5).
     std::int64_t lo = 0, hi = c;  // lo: first c' with idx[last of c'] >= j0 (c if none)
     while (lo < hi) {
       const std::int64_t mid = (lo + hi) / 2;
       if (idx[(mid + 1) * chunk - 1] >= j0) hi = mid; else lo = mid + 1;
     }
-    std::int64_t a = lo, b = c;   // b: one past the last c' with idx[first of c'] < j1
-    while (a < b) {
-      const std::int64_t mid = (a + b) / 2;
-      if (idx[mid * chunk] < j1) a = mid + 1; else b = mid;
+    std::int64_t a = lo, end = c;  // end: one past the last c' with idx[first of c'] < j1
+    while (a < end) {
+      const std::int64_t mid = (a + end) / 2;
+      if (idx[mid * chunk] < j1) a = mid + 1; else end = mid;
     }
-    for (std::int64_t cp = lo; cp < b; ++cp) {
+    for (std::int64_t cp = lo; cp < end; ++cp) {
       ::cuda::atomic_ref<int, ::cuda::thread_scope_device> f(flags[row * chunks_per_row + cp]);
       while (f.load(::cuda::memory_order_acquire) == 0) {
       }
