@@ -200,6 +200,32 @@ def overhead_table(g: dict, ax: dict) -> str:
     return _table(["policy", "variant", "compress ms", "vs plain", "decode ms/token", "vs plain"], rows)
 
 
+def summary_table(g: dict, ax: dict) -> str:
+    """One row per variant: cell means pooled (equally weighted) over policies, defenses and ratios > 0;
+    the first row is the uncompressed baseline."""
+    def pooled(cells, key):
+        return _mean([c.get(key) for c in cells])
+
+    def gap(cells):
+        return _mean([abs(c["kept"]["defense"] - c["kept"]["instructions"]) for c in cells
+                      if c.get("kept") and c["kept"].get("defense") is not None
+                      and c["kept"].get("instructions") is not None])
+
+    rows = []
+    base = [g[(d, p, v, 0.0)] for d in ax["defense"] for p in ax["policy"][:1] for v in ax["variant"][:1]
+            if (d, p, v, 0.0) in g]
+    if base:
+        rows.append(["uncompressed (ratio 0)", fmt(pooled(base, "leak_system")), fmt(pooled(base, "refusal"), 2),
+                     fmt(pooled(base, "ifeval_strict")), fmt(gap(base), 2)])
+    for v in ax["variant"]:
+        cells = [g[(d, p, v, q)] for d in ax["defense"] for p in ax["policy"] for q in ax["ratio"] if q > 0]
+        cells = [c for c in cells if c.get("n")]
+        rows.append([v, fmt(pooled(cells, "leak_system")), fmt(pooled(cells, "refusal"), 2),
+                     fmt(pooled(cells, "ifeval_strict")), fmt(gap(cells), 2)])
+    return _table(["variant (ratios > 0, all policies, both orders)", "leakage ROUGE-L recall", "refusal rate",
+                   "IFEval strict", "mean abs. gap, kept defense vs instructions"], rows)
+
+
 def class_table(records: list[dict]) -> str:
     ca = class_accuracy(records)
     ratios = sorted({k[2] for k in ca})
@@ -225,6 +251,7 @@ def report_markdown(records_all: list[dict]) -> str:
     out = [f"Runs: {len(recs)} answered, {len(inf)} infeasible, items: {n_items}, "
            f"defenses: {', '.join(ax['defense'])}, ratios: {', '.join(f'{q:g}' for q in ax['ratio'])}. "
            "Ratio 0 is the uncompressed baseline (one run per item and defense, shared by every row).", ""]
+    out += ["#### Summary", "", summary_table(g, ax), ""]
     sections = [
         ("Leakage: ROUGE-L recall of the system prompt in the answer to the attack", "leak_system", 3),
         ("Leakage: ROUGE-L recall of the whole defended prompt", "leak_defended", 3),

@@ -102,6 +102,9 @@ def test_report_writes_tables_plots_and_results_block(tmp_path):
     assert "| knorm | plain | 0.200 | 0.700 |" in md           # leakage row: baseline, ratio 0.5
     assert "| knorm | fair | 0.200 | 0.300 |" in md
     assert "| standard | knorm | whitelist | 0.5 | 1 |" in md  # the infeasible run is listed, not scored
+    assert "| uncompressed (ratio 0) | 0.200 | 0.50 | 0.667 | 0.00 |" in md
+    assert "| plain | 0.700 | 0.00 | 0.000 | 0.50 |" in md         # C, D: |0.2-0.7|, |0.4-0.9|
+    assert "| fair | 0.300 | 0.50 | 1.000 | 0.00 |" in md
     for name in ("pitfalls_leakage.png", "pitfalls_refusal.png", "pitfalls_ifeval.png", "pitfalls_kept_fraction.png"):
         p = img / name
         assert p.is_file() and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
