@@ -37,11 +37,15 @@ step() {  # step NAME TIMEOUT COMMAND...
   shift 2
   echo
   echo "== $name: $*"
-  local t0=$SECONDS
-  timeout "$limit" "$@"
-  local rc=$?
+  local t0=$SECONDS log
+  log=$(mktemp)
+  timeout "$limit" "$@" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
   local verdict=PASS
   [ $rc -ne 0 ] && verdict="FAIL (exit $rc$([ $rc -eq 124 ] && echo ', timed out'))"
+  # A GPU check that found no GPU has checked nothing: say so and fail.
+  if grep -q "SKIPPED: no CUDA device" "$log"; then verdict="SKIPPED (no CUDA device)"; rc=1; fi
+  rm -f "$log"
   echo "== $name: $verdict in $((SECONDS - t0)) s"
   summary+=("$name: $verdict")
   return $rc
@@ -75,9 +79,12 @@ run_checks() {
   echo
   echo "== summary"
   printf '  %s\n' "${summary[@]}"
-  for s in "${summary[@]}"; do case $s in *FAIL*) return 1 ;; esac; done
+  for s in "${summary[@]}"; do case $s in *FAIL* | *"no CUDA device"*) return 1 ;; esac; done
   return 0
 }
+
+# On the device tool's machine $OUT comes back: keep the whole log there (the reply only holds its tail).
+if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then exec > >(tee "$OUT/gpu_check.log") 2>&1; fi
 
 case $mode in
   build) build ;;
