@@ -338,6 +338,17 @@ TEST_SUITE("cuda_host") {
     CHECK(r.code() == status::not_supported);
     CHECK(std::string(r.message()).find("at most") != std::string::npos);
     c.segments.clear();
+    // A whitelist longer than the kernel-argument capacity is refused, even where the CPU accepts it.
+    c.allocator = allocator_id::fair_with_whitelist;
+    c.tokens = c.q_tokens = c.capacity = 3000;
+    c.ratio = 0.1;
+    c.k_bytes.assign(static_cast<std::size_t>(storage_elements(c) * 4), 0);
+    for (std::int32_t t = 0; t < 1100; ++t) c.whitelist.push_back(t);
+    REQUIRE(cpu_plan(c, cp).ok());
+    const result w = gpu_can_implement(c);
+    CHECK(w.code() == status::not_supported);
+    CHECK(std::string(w.message()).find("1024") != std::string::npos);
+    c.whitelist.clear();
     const result d = gpu_plan_debias(c);
     CHECK(d.code() == status::not_supported);
     CHECK(std::string(d.message()).find("debias") != std::string::npos);
