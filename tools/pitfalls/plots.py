@@ -17,9 +17,12 @@ def _plt():
     return plt
 
 
-def _metric_figure(g, ax, key: str, ylabel: str, path: Path, title: str) -> Path:
-    """Rows: defenses; columns: variants; one line per policy."""
+def _metric_figure(g, ax, key: str, ylabel: str, path: Path, title: str, auto_y: bool = False) -> Path:
+    """Rows: defenses; columns: variants; one line per policy. auto_y: the y axis ends just above the
+    largest value (small leakage values are unreadable on 0..1)."""
     plt = _plt()
+    vals = [c.get(key) for c in g.values() if c.get(key) is not None]
+    top = min(1.02, max(0.1, 1.15 * max(vals))) if (auto_y and vals) else 1.02
     nd, nv = len(ax["defense"]), len(ax["variant"])
     fig, axs = plt.subplots(nd, nv, figsize=(max(6.0, 3.4 * nv), 2.8 * nd + 0.4), squeeze=False, sharex=True, sharey=True)
     for i, d in enumerate(ax["defense"]):
@@ -32,7 +35,7 @@ def _metric_figure(g, ax, key: str, ylabel: str, path: Path, title: str) -> Path
                     a.plot([q for q, _ in pts], [y for _, y in pts], marker="o", ms=3, label=p)
             a.set_title(f"{d} defense, {v}", fontsize=9)
             a.grid(True, alpha=0.3)
-            a.set_ylim(-0.02, 1.02)
+            a.set_ylim(-0.02 * top, top)
             if i == nd - 1:
                 a.set_xlabel("compression ratio")
             if j == 0:
@@ -87,7 +90,7 @@ def write_all(records_all: list[dict], img_dir: Path) -> list[Path]:
     g = agg.grid(recs)
     return [
         _metric_figure(g, ax, "leak_system", "ROUGE-L recall", img_dir / "pitfalls_leakage.png",
-                       "Leakage: ROUGE-L recall of the system prompt in the attack's answer"),
+                       "Leakage: ROUGE-L recall of the system prompt in the attack's answer", auto_y=True),
         _metric_figure(g, ax, "refusal", "refusal rate", img_dir / "pitfalls_refusal.png",
                        "Fraction of attack answers with the defense's refusal"),
         _metric_figure(g, ax, "ifeval_strict", "IFEval accuracy", img_dir / "pitfalls_ifeval.png",
