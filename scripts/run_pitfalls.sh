@@ -9,9 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
+# A Debian system Python refuses pip (PEP 668) unless told otherwise.
+pip_install() { "$PY" -m pip install -q "$@" || "$PY" -m pip install -q --break-system-packages "$@"; }
 if [[ "${PITFALLS_SKIP_PIP:-0}" != 1 ]]; then
-  "$PY" -m pip install -q -r tools/pitfalls/requirements.txt
-  "$PY" -m pip install -q --no-deps -r tools/pitfalls/requirements-nodeps.txt
+  pip_install -r tools/pitfalls/requirements.txt
+  pip_install --no-deps -r tools/pitfalls/requirements-nodeps.txt
 fi
 
 if [[ -z "${FAIRKV_LLAMA:-}" ]] && ! ls build*/examples/llama/fairkv-llama >/dev/null 2>&1; then
