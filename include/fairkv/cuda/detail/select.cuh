@@ -9,6 +9,7 @@
 // largest is found as the (n-k)-th smallest), so the walk's target is always the smaller side.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
 
 #include <cstdint>
@@ -98,8 +99,12 @@ __device__ threshold block_select(select_smem& s, const plan_params& p, std::int
     const std::uint32_t high_mask = pass == 0 ? 0u : ~((1u << (shift + 8)) - 1u);
     for_each_in_group(p, g, width, [&](std::int32_t t, std::int32_t h) {
       std::uint32_t bits;
-      if (candidate_bits(t, h, bits) && (bits & high_mask) == (prefix & high_mask))
-        atomicAdd(&s.hist[(bits >> shift) & 255u], 1u);
+      if (candidate_bits(t, h, bits) && (bits & high_mask) == (prefix & high_mask)) {
+        // Warp-aggregated: scores often share their top bytes, and same-bin shared atomics serialise.
+        const unsigned bin = (bits >> shift) & 255u;
+        const auto same = cooperative_groups::labeled_partition(cooperative_groups::coalesced_threads(), bin);
+        if (same.thread_rank() == 0) atomicAdd(&s.hist[bin], same.size());
+      }
     });
     __syncthreads();
     if (pass == 0) {
