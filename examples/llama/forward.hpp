@@ -1,8 +1,8 @@
 // The Llama forward pass on the CPU: token embedding, 30 x (RMSNorm, GQA attention with RoPE, RMSNorm,
 // SwiGLU MLP), final RMSNorm and the (tied) output projection.
 //
-// Matrix products run on the quantised blocks (quant.hpp) and are split over output rows between OpenMP
-// threads; a batch of tokens (prefill) shares one pass over each weight row, one token (decode) is a matvec.
+// Matrix products run on the quantised blocks (quant.hpp) and are split over output rows between the threads
+// of a small pool (thread_pool.hpp); a batch of tokens (prefill) shares one pass over each weight row, one token (decode) is a matvec.
 // Attention uses Eigen on the cache in place. Each KV head attends to its own length, so a head-adaptive
 // compressed (ragged) cache is handled exactly.
 #pragma once
@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <memory>
+#include <thread>
 #include <utility>
 #include <span>
 #include <stdexcept>
@@ -20,22 +22,17 @@
 
 #include <Eigen/Core>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 
 #include "kv_cache.hpp"
 #include "model.hpp"
 #include "quant.hpp"
+#include "thread_pool.hpp"
 
 namespace llama {
 
 inline int default_threads() {
-#if defined(_OPENMP)
-  return omp_get_num_procs();
-#else
-  return 1;
-#endif
+  const unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : int(n);
 }
 
 struct forward_options {
@@ -52,6 +49,7 @@ class engine {
         cache_(hp_.n_layers, hp_.n_heads, hp_.n_kv_heads, hp_.head_dim, capacity) {
     if (opt_.threads <= 0) opt_.threads = default_threads();
     if (opt_.batch <= 0) opt_.batch = 128;
+    pool_ = std::make_unique<thread_pool>(opt_.threads);
     // RoPE inverse frequencies, in float like the reference (transformers) computes them.
     inv_freq_.resize(size_t(hp_.head_dim / 2));
     for (int i = 0; i < hp_.head_dim / 2; ++i)
@@ -83,7 +81,6 @@ class engine {
       if (t < 0 || t >= hp_.n_vocab)
         throw std::runtime_error("engine::feed: token id " + std::to_string(t) + " outside the vocabulary");
     cache_.require_room(n);
-    set_threads();
     if (capture_queries)
       for (int l = 0; l < hp_.n_layers; ++l)
         cache_.layer(l).sys_q.assign(size_t(hp_.n_heads) * size_t(n) * size_t(hp_.head_dim), 0.0f);
@@ -104,12 +101,6 @@ class engine {
 
  private:
   using mat_rm = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-  void set_threads() const {
-#if defined(_OPENMP)
-    omp_set_num_threads(opt_.threads);
-#endif
-  }
 
   // One chunk of T tokens through every layer. q_capture_at >= 0: index of this chunk's first token in the
   // captured queries (of n_capture tokens).
@@ -215,8 +206,8 @@ class engine {
     const kv_layer& cl = cache_.layer(l);
     // A decode step over a short cache is too little work to be worth a barrier.
     const bool parallel = int64_t(T) * cache_.max_len(l) >= 2048;
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-    for (int h = 0; h < hp_.n_heads; ++h) {
+    auto heads = [&](int64_t h_begin, int64_t h_end) {
+    for (int h = int(h_begin); h < int(h_end); ++h) {
       const int g = h / group;
       const int L = cl.len[size_t(g)];  // includes this chunk's T tokens
       const int past = L - T;
@@ -246,6 +237,9 @@ class engine {
                                                     Eigen::OuterStride<>(q_dim));
       o.noalias() = s * v;
     }
+    };
+    if (parallel) pool_->parallel_for(hp_.n_heads, heads);
+    else heads(0, hp_.n_heads);
   }
 
   // One output of a matmul: y[T][w->n_out] = x[T][n_in] . W^T.
@@ -282,9 +276,8 @@ class engine {
       xsum_.resize(size_t(T) * size_t(nb));  // [T, n_in/32] block sums of x
       for (int t = 0; t < T; ++t) quant::block_sums(x + size_t(t) * n_in, xsum_.data() + size_t(t) * nb, n_in);
     }
-    const int64_t n_items = int64_t(items.size());
-#pragma omp parallel for schedule(static) if (n_items > 1)
-    for (int64_t it = 0; it < n_items; ++it) {
+    pool_->parallel_for(int64_t(items.size()), [&](int64_t it_begin, int64_t it_end) {
+    for (int64_t it = it_begin; it < it_end; ++it) {
       const matrix& w = *jobs[size_t(items[size_t(it)].first)].w;
       float* y = jobs[size_t(items[size_t(it)].first)].y;
       const int64_t r0 = items[size_t(it)].second, rows = std::min(tile, w.n_out - r0), n_out = w.n_out;
@@ -307,12 +300,14 @@ class engine {
                                                               xsum_.data() + size_t(t) * nb, n_in);
       }
     }
+    });
   }
   static constexpr int gemm_min_tokens = 4;
 
   const model& m_;
   hparams hp_;
   forward_options opt_;
+  std::unique_ptr<thread_pool> pool_;
   kv_cache cache_;
   int n_past_ = 0;
   int last_T_ = 0;

@@ -2,15 +2,16 @@
 # configured without the other, so both include this file).
 include_guard(GLOBAL)
 
-find_package(OpenMP REQUIRED COMPONENTS CXX)
+find_package(Threads REQUIRED)
 
 option(FAIRKV_LLAMA_NATIVE "Compile the Llama runner for the host CPU (-march=native: AVX2/AVX-VNNI kernels)" ON)
 
 add_library(fairkv_llama INTERFACE)
 target_include_directories(fairkv_llama INTERFACE ${CMAKE_CURRENT_LIST_DIR})
-target_link_libraries(fairkv_llama INTERFACE fairkv::fairkv OpenMP::OpenMP_CXX)
+target_link_libraries(fairkv_llama INTERFACE fairkv::fairkv Threads::Threads)
 target_compile_features(fairkv_llama INTERFACE cxx_std_20)
 # The forward pass is unusably slow unoptimised (a test runs the 135M model): optimise in every configuration.
+# Threads come from thread_pool.hpp (not OpenMP, see there); -fopenmp-simd only honours `omp simd` reductions.
 # Eigen's own threading is off: the runner parallelises across heads and rows itself.
-target_compile_options(fairkv_llama INTERFACE -O3 $<$<BOOL:${FAIRKV_LLAMA_NATIVE}>:-march=native>)
+target_compile_options(fairkv_llama INTERFACE -O3 -fopenmp-simd $<$<BOOL:${FAIRKV_LLAMA_NATIVE}>:-march=native>)
 target_compile_definitions(fairkv_llama INTERFACE EIGEN_DONT_PARALLELIZE)
