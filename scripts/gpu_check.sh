@@ -23,7 +23,7 @@ build() {
   local nvcc=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
   echo "== build with $nvcc"
   cmake -S . -B "$BUILD" -DFAIRKV_ENABLE_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_BUILD_TYPE=Release \
-    -DFAIRKV_CUDA_ARCHITECTURES="${FAIRKV_CUDA_ARCHS:-80;90}" || return 1
+    -DCMAKE_CUDA_ARCHITECTURES="${FAIRKV_CUDA_ARCHS:-80;90}" || return 1
   cmake --build "$BUILD" -j"${FAIRKV_JOBS:-2}" --target fairkv_cuda_header_check fairkv_cuda_tests fairkv_bench_cuda \
     || return 1
   mkdir -p "$BIN"
