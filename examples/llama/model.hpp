@@ -48,6 +48,8 @@ struct layer_weights {
 class model {
  public:
   static model load(const std::string& path) { return model(gguf::file::open(path), path); }
+  // From an already opened file (e.g. gguf::file::from_memory in tests); `name` is used in messages.
+  static model from_file(gguf::file f, std::string name) { return model(std::move(f), std::move(name)); }
 
   const hparams& hp() const noexcept { return hp_; }
   const matrix& token_embd() const noexcept { return token_embd_; }
