@@ -131,7 +131,7 @@ void run(std::int64_t tokens, cudaStream_t stream) {
   using bf16 = fairkv::bfloat16_t;
   const std::int64_t elems = heads * tokens * head_dim;  // [1, heads, tokens, head_dim]
   const std::size_t bytes = static_cast<std::size_t>(elems) * 2;
-  const std::int64_t n_keep = fairkv::cuda::keep_budget(tokens, ratio);
+  const std::int64_t n_keep = fairkv::keep_budget(tokens, ratio);
   std::uint16_t *k0, *v0, *k, *v, *k_out, *v_out;
   BENCH_CHECK(cudaMalloc(&k0, bytes));
   BENCH_CHECK(cudaMalloc(&v0, bytes));

@@ -17,6 +17,7 @@
 #include "fairkv/allocators/uniform.hpp"
 #include "fairkv/cpu/score.hpp"
 #include "fairkv/detail/order.hpp"
+#include "fairkv/detail/validate.hpp"
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/policy.hpp"
@@ -24,14 +25,6 @@
 #include "fairkv/status.hpp"
 
 namespace fairkv {
-
-// The layer budget of a sequence of L tokens: floor(L * (1 - ratio)) as kvpress computes it (in double), and at
-// least one token so a high ratio never empties a head (kvpress PR #264).
-[[nodiscard]] constexpr std::int64_t keep_budget(std::int64_t tokens, double ratio) noexcept {
-  if (tokens <= 0) return 0;
-  const auto n = static_cast<std::int64_t>(static_cast<double>(tokens) * (1.0 - ratio));
-  return std::clamp<std::int64_t>(n, 1, tokens);
-}
 
 namespace cpu {
 namespace detail {
@@ -120,72 +113,6 @@ template <class KeySource>
   return validate(keys, "inputs.keys");
 }
 
-template <class S>
-[[nodiscard]] result validate_scorer(const S& s) noexcept {
-  if constexpr (S::source == score_source::window_attention) {
-    if (s.window < 1)
-      return result::error(status::invalid_argument, "scorer.window = %d must be at least 1", static_cast<int>(s.window));
-    if (s.kernel < 1 || s.kernel % 2 == 0)
-      return result::error(status::invalid_argument, "scorer.kernel = %d must be odd and positive",
-                           static_cast<int>(s.kernel));
-  }
-  if constexpr (requires { s.n_sink; }) {
-    if (s.n_sink < 0)
-      return result::error(status::invalid_argument, "scorer.n_sink = %d must be non-negative", static_cast<int>(s.n_sink));
-  }
-  return {};
-}
-
-template <class S, class A, class KeySource, class Q>
-[[nodiscard]] result validate_attention_inputs(const layer_inputs<KeySource, Q>& in, std::int64_t min_tokens,
-                                               std::int64_t max_tokens) noexcept {
-  if constexpr (!is_attention_source(S::source)) {
-    return {};
-  } else {
-    const bool have_rows = in.attention != nullptr;
-    const bool have_sums = in.attention_column_sums != nullptr && S::source == score_source::observed_attention;
-    if (in.queries.data == nullptr && !have_rows && !have_sums)
-      return result::error(status::missing_input,
-                           "scorer '%s' needs the window's queries (inputs.queries) or the engine's attention "
-                           "(inputs.attention%s)",
-                           S::name, S::source == score_source::observed_attention ? " or inputs.attention_column_sums" : "");
-    const std::int64_t qh = in.q_heads();
-    if (qh <= 0)
-      return result::error(status::invalid_shape, "inputs.query_heads must be positive when only attention is given");
-    if (qh % in.keys.heads != 0)
-      return result::error(status::invalid_shape,
-                           "the %lld query heads are not a multiple of the %lld KV heads (GQA groups must be equal)",
-                           static_cast<long long>(qh), static_cast<long long>(in.keys.heads));
-    if (in.queries.data != nullptr) {
-      FAIRKV_TRY(validate(in.queries, "inputs.queries"));
-      if (in.queries.batch != in.keys.batch || in.queries.head_dim != in.keys.head_dim)
-        return result::error(status::invalid_shape,
-                             "inputs.queries is [batch %lld, head_dim %lld] but the keys are [batch %lld, head_dim %lld]",
-                             static_cast<long long>(in.queries.batch), static_cast<long long>(in.queries.head_dim),
-                             static_cast<long long>(in.keys.batch), static_cast<long long>(in.keys.head_dim));
-      if (in.queries.tokens < 1 || in.queries.tokens > min_tokens)
-        return result::error(status::invalid_shape,
-                             "inputs.queries has %lld positions; it must hold between 1 and %lld (the shortest sequence)",
-                             static_cast<long long>(in.queries.tokens), static_cast<long long>(min_tokens));
-    } else {
-      const std::int64_t ld = in.attention_ld != 0 ? in.attention_ld : max_tokens;
-      if (ld < max_tokens)
-        return result::error(status::invalid_shape, "inputs.attention_ld = %lld is smaller than the %lld tokens",
-                             static_cast<long long>(ld), static_cast<long long>(max_tokens));
-      if (have_rows && (in.attention_rows < 1 || in.attention_rows > min_tokens))
-        return result::error(status::invalid_shape, "inputs.attention_rows = %lld must be in [1, %lld]",
-                             static_cast<long long>(in.attention_rows), static_cast<long long>(min_tokens));
-      if constexpr (A::segment_local && S::source == score_source::observed_attention) {
-        if (!have_rows)
-          return result::error(status::missing_input,
-                               "segment-local H2O needs queries or attention rows: accumulated column sums "
-                               "(inputs.attention_column_sums) mix attention across segments");
-      }
-    }
-    return {};
-  }
-}
-
 }  // namespace detail
 
 // Whole-sequence scores of every (batch, head) row, as the planner sees them without segments:
@@ -207,8 +134,8 @@ template <class S, class KeySource, class Q>
   if (ld < max_tokens)
     return result::error(status::invalid_shape, "ld = %lld is smaller than the longest sequence (%lld)",
                          static_cast<long long>(ld), static_cast<long long>(max_tokens));
-  FAIRKV_TRY(detail::validate_scorer(scorer));
-  FAIRKV_TRY((detail::validate_attention_inputs<S, allocators::uniform>(in, min_tokens, max_tokens)));
+  FAIRKV_TRY(fairkv::detail::validate_scorer(scorer));
+  FAIRKV_TRY((fairkv::detail::validate_attention_inputs<S, allocators::uniform>(in, min_tokens, max_tokens)));
   try {
     std::vector<float> tmp(static_cast<std::size_t>(3 * max_tokens));
     for (std::int64_t b = 0; b < in.keys.batch; ++b)
@@ -259,13 +186,13 @@ template <class S, class Sel, class A, class KeySource, class Q>
   }
   FAIRKV_TRY(validate_segments(segments, min_tokens));
   FAIRKV_TRY(validate_whitelist(whitelist, min_tokens));
-  FAIRKV_TRY(detail::validate_scorer(pol.scorer));
+  FAIRKV_TRY(fairkv::detail::validate_scorer(pol.scorer));
   if constexpr (Sel::kind == selection_kind::head_adaptive) {
     if (!(pol.selector.alpha_safeguard >= 0.f && pol.selector.alpha_safeguard <= 1.f))
       return result::error(status::invalid_argument, "selector.alpha_safeguard = %g is outside [0, 1]",
                            static_cast<double>(pol.selector.alpha_safeguard));
   }
-  FAIRKV_TRY((detail::validate_attention_inputs<S, A>(in, min_tokens, max_tokens)));
+  FAIRKV_TRY((fairkv::detail::validate_attention_inputs<S, A>(in, min_tokens, max_tokens)));
 
   constexpr bool local = A::segment_local && is_attention_source(S::source);
   constexpr bool separate_global = local && A::needs_own_allocation;

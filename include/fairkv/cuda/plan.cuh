@@ -34,6 +34,7 @@
 #include "fairkv/cuda/detail/select_split.cuh"
 #include "fairkv/cuda/detail/workspace.cuh"
 #include "fairkv/cuda/error.cuh"
+#include "fairkv/detail/validate.hpp"
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/policy.hpp"
@@ -42,14 +43,6 @@
 
 namespace fairkv::cuda {
 
-// The layer budget, exactly as the CPU oracle computes it (fairkv::keep_budget in cpu/plan.hpp, which this
-// header cannot include without Eigen).
-[[nodiscard]] constexpr std::int64_t keep_budget(std::int64_t tokens, double ratio) noexcept {
-  if (tokens <= 0) return 0;
-  const auto n = static_cast<std::int64_t>(static_cast<double>(tokens) * (1.0 - ratio));
-  return std::clamp<std::int64_t>(n, 1, tokens);
-}
-
 namespace detail {
 
 template <class K>
@@ -57,72 +50,8 @@ inline constexpr bool is_dense_view_v = false;
 template <class T>
 inline constexpr bool is_dense_view_v<kv_view<const T>> = true;
 
-// ---- host-side validation, mirroring cpu::plan's checks and messages ----
-
-template <class S>
-[[nodiscard]] result validate_scorer(const S& s) noexcept {
-  if constexpr (S::source == score_source::window_attention) {
-    if (s.window < 1)
-      return result::error(status::invalid_argument, "scorer.window = %d must be at least 1", static_cast<int>(s.window));
-    if (s.kernel < 1 || s.kernel % 2 == 0)
-      return result::error(status::invalid_argument, "scorer.kernel = %d must be odd and positive",
-                           static_cast<int>(s.kernel));
-  }
-  if constexpr (requires { s.n_sink; }) {
-    if (s.n_sink < 0)
-      return result::error(status::invalid_argument, "scorer.n_sink = %d must be non-negative", static_cast<int>(s.n_sink));
-  }
-  return {};
-}
-
-template <class S, class A, class KeySource, class Q>
-[[nodiscard]] result validate_attention_inputs(const layer_inputs<KeySource, Q>& in, std::int64_t tokens) noexcept {
-  if constexpr (!is_attention_source(S::source)) {
-    return {};
-  } else {
-    const bool have_rows = in.attention != nullptr;
-    const bool have_sums = in.attention_column_sums != nullptr && S::source == score_source::observed_attention;
-    if (in.queries.data == nullptr && !have_rows && !have_sums)
-      return result::error(status::missing_input,
-                           "scorer '%s' needs the window's queries (inputs.queries) or the engine's attention "
-                           "(inputs.attention%s)",
-                           S::name, S::source == score_source::observed_attention ? " or inputs.attention_column_sums" : "");
-    const std::int64_t qh = in.q_heads();
-    if (qh <= 0)
-      return result::error(status::invalid_shape, "inputs.query_heads must be positive when only attention is given");
-    if (qh % in.keys.heads != 0)
-      return result::error(status::invalid_shape,
-                           "the %lld query heads are not a multiple of the %lld KV heads (GQA groups must be equal)",
-                           static_cast<long long>(qh), static_cast<long long>(in.keys.heads));
-    if (in.queries.data != nullptr) {
-      FAIRKV_TRY(validate(in.queries, "inputs.queries"));
-      if (in.queries.batch != in.keys.batch || in.queries.head_dim != in.keys.head_dim)
-        return result::error(status::invalid_shape,
-                             "inputs.queries is [batch %lld, head_dim %lld] but the keys are [batch %lld, head_dim %lld]",
-                             static_cast<long long>(in.queries.batch), static_cast<long long>(in.queries.head_dim),
-                             static_cast<long long>(in.keys.batch), static_cast<long long>(in.keys.head_dim));
-      if (in.queries.tokens < 1 || in.queries.tokens > tokens)
-        return result::error(status::invalid_shape,
-                             "inputs.queries has %lld positions; it must hold between 1 and %lld (the shortest sequence)",
-                             static_cast<long long>(in.queries.tokens), static_cast<long long>(tokens));
-    } else {
-      const std::int64_t ld = in.attention_ld != 0 ? in.attention_ld : tokens;
-      if (ld < tokens)
-        return result::error(status::invalid_shape, "inputs.attention_ld = %lld is smaller than the %lld tokens",
-                             static_cast<long long>(ld), static_cast<long long>(tokens));
-      if (have_rows && (in.attention_rows < 1 || in.attention_rows > tokens))
-        return result::error(status::invalid_shape, "inputs.attention_rows = %lld must be in [1, %lld]",
-                             static_cast<long long>(in.attention_rows), static_cast<long long>(tokens));
-      if constexpr (A::segment_local && S::source == score_source::observed_attention) {
-        if (!have_rows)
-          return result::error(status::missing_input,
-                               "segment-local H2O needs queries or attention rows: accumulated column sums "
-                               "(inputs.attention_column_sums) mix attention across segments");
-      }
-    }
-    return {};
-  }
-}
+// Host-side validation of scorer parameters and attention inputs is shared with the CPU backend
+// (fairkv/detail/validate.hpp), so statuses and messages are identical.
 
 // Segment indices sorted by begin (at most max_segments, checked by the caller).
 inline void sort_segments(std::span<const segment> segments, std::int32_t* order) noexcept {
@@ -240,13 +169,13 @@ template <class S, class Sel, class A, class KeySource, class Q>
   }
   FAIRKV_TRY(validate_segments(segments, L));
   FAIRKV_TRY(validate_whitelist(whitelist, L));
-  FAIRKV_TRY(detail::validate_scorer(pol.scorer));
+  FAIRKV_TRY(fairkv::detail::validate_scorer(pol.scorer));
   if constexpr (Sel::kind == selection_kind::head_adaptive) {
     if (!(pol.selector.alpha_safeguard >= 0.f && pol.selector.alpha_safeguard <= 1.f))
       return result::error(status::invalid_argument, "selector.alpha_safeguard = %g is outside [0, 1]",
                            static_cast<double>(pol.selector.alpha_safeguard));
   }
-  FAIRKV_TRY((detail::validate_attention_inputs<S, A>(in, L)));
+  FAIRKV_TRY((fairkv::detail::validate_attention_inputs<S, A>(in, L, L)));
 
   // ---- the CUDA backend's own limits ----
   if constexpr (A::needs_own_allocation) {

@@ -41,9 +41,10 @@ struct kv_view {
   [[nodiscard]] constexpr kv_view<const value_type> as_const() const noexcept {
     return {data, batch, heads, tokens, head_dim, stride_batch, stride_head, stride_token, stride_dim};
   }
-  constexpr operator kv_view<const value_type>() const noexcept  // NOLINT: T* -> const T* is implicit too
-    requires(!std::is_const_v<T>)
-  {
+  // T* -> const T* is implicit, so is this (a template, so nvcc does not warn about it for const T).
+  template <class U = T>
+    requires(!std::is_const_v<U>)
+  constexpr operator kv_view<const value_type>() const noexcept {  // NOLINT(google-explicit-constructor)
     return as_const();
   }
 };

@@ -1,0 +1,91 @@
+// Backend-independent pieces of the planners: the layer budget and the host-side checks of scorer parameters and
+// attention inputs. The CPU and CUDA backends both call these, so their statuses and messages are identical.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "fairkv/layer_inputs.hpp"
+#include "fairkv/scorer.hpp"
+#include "fairkv/status.hpp"
+
+namespace fairkv {
+
+// The layer budget of a sequence of L tokens: floor(L * (1 - ratio)) as kvpress computes it (in double), and at
+// least one token so a high ratio never empties a head (kvpress PR #264).
+[[nodiscard]] constexpr std::int64_t keep_budget(std::int64_t tokens, double ratio) noexcept {
+  if (tokens <= 0) return 0;
+  const auto n = static_cast<std::int64_t>(static_cast<double>(tokens) * (1.0 - ratio));
+  return std::clamp<std::int64_t>(n, 1, tokens);
+}
+
+namespace detail {
+
+template <class S>
+[[nodiscard]] result validate_scorer(const S& s) noexcept {
+  if constexpr (S::source == score_source::window_attention) {
+    if (s.window < 1)
+      return result::error(status::invalid_argument, "scorer.window = %d must be at least 1", static_cast<int>(s.window));
+    if (s.kernel < 1 || s.kernel % 2 == 0)
+      return result::error(status::invalid_argument, "scorer.kernel = %d must be odd and positive",
+                           static_cast<int>(s.kernel));
+  }
+  if constexpr (requires { s.n_sink; }) {
+    if (s.n_sink < 0)
+      return result::error(status::invalid_argument, "scorer.n_sink = %d must be non-negative", static_cast<int>(s.n_sink));
+  }
+  return {};
+}
+
+template <class S, class A, class KeySource, class Q>
+[[nodiscard]] result validate_attention_inputs(const layer_inputs<KeySource, Q>& in, std::int64_t min_tokens,
+                                               std::int64_t max_tokens) noexcept {
+  if constexpr (!is_attention_source(S::source)) {
+    return {};
+  } else {
+    const bool have_rows = in.attention != nullptr;
+    const bool have_sums = in.attention_column_sums != nullptr && S::source == score_source::observed_attention;
+    if (in.queries.data == nullptr && !have_rows && !have_sums)
+      return result::error(status::missing_input,
+                           "scorer '%s' needs the window's queries (inputs.queries) or the engine's attention "
+                           "(inputs.attention%s)",
+                           S::name, S::source == score_source::observed_attention ? " or inputs.attention_column_sums" : "");
+    const std::int64_t qh = in.q_heads();
+    if (qh <= 0)
+      return result::error(status::invalid_shape, "inputs.query_heads must be positive when only attention is given");
+    if (qh % in.keys.heads != 0)
+      return result::error(status::invalid_shape,
+                           "the %lld query heads are not a multiple of the %lld KV heads (GQA groups must be equal)",
+                           static_cast<long long>(qh), static_cast<long long>(in.keys.heads));
+    if (in.queries.data != nullptr) {
+      FAIRKV_TRY(validate(in.queries, "inputs.queries"));
+      if (in.queries.batch != in.keys.batch || in.queries.head_dim != in.keys.head_dim)
+        return result::error(status::invalid_shape,
+                             "inputs.queries is [batch %lld, head_dim %lld] but the keys are [batch %lld, head_dim %lld]",
+                             static_cast<long long>(in.queries.batch), static_cast<long long>(in.queries.head_dim),
+                             static_cast<long long>(in.keys.batch), static_cast<long long>(in.keys.head_dim));
+      if (in.queries.tokens < 1 || in.queries.tokens > min_tokens)
+        return result::error(status::invalid_shape,
+                             "inputs.queries has %lld positions; it must hold between 1 and %lld (the shortest sequence)",
+                             static_cast<long long>(in.queries.tokens), static_cast<long long>(min_tokens));
+    } else {
+      const std::int64_t ld = in.attention_ld != 0 ? in.attention_ld : max_tokens;
+      if (ld < max_tokens)
+        return result::error(status::invalid_shape, "inputs.attention_ld = %lld is smaller than the %lld tokens",
+                             static_cast<long long>(ld), static_cast<long long>(max_tokens));
+      if (have_rows && (in.attention_rows < 1 || in.attention_rows > min_tokens))
+        return result::error(status::invalid_shape, "inputs.attention_rows = %lld must be in [1, %lld]",
+                             static_cast<long long>(in.attention_rows), static_cast<long long>(min_tokens));
+      if constexpr (A::segment_local && S::source == score_source::observed_attention) {
+        if (!have_rows)
+          return result::error(status::missing_input,
+                               "segment-local H2O needs queries or attention rows: accumulated column sums "
+                               "(inputs.attention_column_sums) mix attention across segments");
+      }
+    }
+    return {};
+  }
+}
+
+}  // namespace detail
+}  // namespace fairkv
