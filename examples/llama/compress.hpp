@@ -38,6 +38,10 @@ inline bool is_known_policy(const std::string& p) {
   return p == "none" || p == "knorm" || p == "streaming_llm" || p == "snapkv" || p == "tova" || p == "h2o";
 }
 
+// Attention-based scorers need the system turn's post-RoPE queries; the others only read keys (or positions),
+// so the prefill need not keep [n_layers][n_heads][n_sys][head_dim] queries for them.
+inline bool policy_needs_queries(const std::string& p) { return p == "snapkv" || p == "tova" || p == "h2o"; }
+
 namespace detail {
 
 template <class F>
@@ -75,7 +79,7 @@ void with_allocator(const compress_request& r, F&& f) {
 }  // namespace detail
 
 // Applies the requested policy to every layer of the cache, whose heads all hold the n_sys system-turn tokens
-// and whose layers carry the turn's post-RoPE queries (sys_q). Throws with fairkv's message on invalid input;
+// and, for attention scorers, whose layers carry the turn's post-RoPE queries (sys_q). Throws with fairkv's message on invalid input;
 // fairkv validates before writing, so a failure leaves the cache as it was for that layer.
 inline compress_result compress_system_turn(kv_cache& cache, int n_sys, const compress_request& req) {
   compress_result out;
@@ -93,14 +97,14 @@ inline compress_result compress_system_turn(kv_cache& cache, int n_sys, const co
         throw std::runtime_error("compress_system_turn: layer " + std::to_string(l) + " head " + std::to_string(g) +
                                  " holds " + std::to_string(cl.len[size_t(g)]) + " tokens, expected the " +
                                  std::to_string(n_sys) + " of the system turn");
-    if (cl.sys_q.size() != size_t(cache.n_heads()) * size_t(n_sys) * size_t(hd))
+    const bool with_q = policy_needs_queries(req.policy);
+    if (with_q && cl.sys_q.size() != size_t(cache.n_heads()) * size_t(n_sys) * size_t(hd))
       throw std::runtime_error("compress_system_turn: the system turn's queries were not captured");
 
     fairkv::kv_view<float> keys = cache.k_view(l, n_sys), values = cache.v_view(l, n_sys);
-    // [1, n_heads, n_sys, head_dim]
-    const fairkv::kv_view<const float> queries =
-        fairkv::make_contiguous_view<const float>(cl.sys_q.data(), 1, cache.n_heads(), n_sys, hd);
-    const auto inputs = fairkv::with_queries(keys, queries);
+    auto inputs = fairkv::keys_only(keys);
+    if (with_q)  // [1, n_heads, n_sys, head_dim]
+      inputs.queries = fairkv::make_contiguous_view<const float>(cl.sys_q.data(), 1, cache.n_heads(), n_sys, hd);
     fairkv::keep_plan plan;
     fairkv::result res;
     detail::with_scorer(req, out.window_used, [&](auto scorer) {

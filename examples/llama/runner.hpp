@@ -215,11 +215,11 @@ inline run_report run_session(runner_options opt) {
 
   engine eng(m, capacity, opt.forward);
   rep.threads = eng.threads();
-  const bool compress = opt.compress.policy != "none";
+  const bool capture = policy_needs_queries(opt.compress.policy);
 
   // System turn: prefill (capturing the post-RoPE queries for the scorers), then compress.
   t0 = clock::now();
-  eng.feed(sys.tokens.ids, false, compress, [&](int done, int total) {
+  eng.feed(sys.tokens.ids, false, capture, [&](int done, int total) {
     prog.update("prefill system", done, total, ms_since(t0) / 1000.0, done == total);
   });
   rep.prefill_ms += ms_since(t0);
