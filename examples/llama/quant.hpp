@@ -330,11 +330,13 @@ using fvec = __m512;
 inline fvec fzero() noexcept { return _mm512_setzero_ps(); }
 inline fvec ffma(float a, fvec b, fvec c) noexcept { return _mm512_fmadd_ps(_mm512_set1_ps(a), b, c); }
 inline float fsum(fvec v) noexcept { return _mm512_reduce_add_ps(v); }
+inline fvec fadd(fvec a, fvec b) noexcept { return _mm512_add_ps(a, b); }
 #elif defined(__AVX2__)
 using fvec = __m256;
 inline fvec fzero() noexcept { return _mm256_setzero_ps(); }
 inline fvec ffma(float a, fvec b, fvec c) noexcept { return _mm256_fmadd_ps(_mm256_set1_ps(a), b, c); }
 inline float fsum(fvec v) noexcept { return hsum(v); }
+inline fvec fadd(fvec a, fvec b) noexcept { return _mm256_add_ps(a, b); }
 #endif
 
 inline float dot_nibbles_f32_scalar(const uint8_t* qs, const float* x) noexcept {
@@ -356,12 +358,20 @@ inline void block_sums(const float* x, float* xsum, int64_t n) noexcept {
 inline float vec_dot_q4_1_f32(const block_q4_1* w, const float* x, const float* xsum, int64_t nb) noexcept {
   float offs = 0.0f;
 #if defined(__AVX2__)
-  detail::fvec acc = detail::fzero();
-  for (int64_t i = 0; i < nb; ++i, x += qk) {
-    acc = detail::ffma(f16_to_f32(w[i].d), detail::dot_bytes_f32_u8(detail::unpack_nibbles(w[i].qs), x), acc);
+  // Two accumulators: consecutive blocks do not wait for each other's FMA latency.
+  detail::fvec acc0 = detail::fzero(), acc1 = detail::fzero();
+  int64_t i = 0;
+  for (; i + 1 < nb; i += 2, x += 2 * qk) {
+    acc0 = detail::ffma(f16_to_f32(w[i].d), detail::dot_bytes_f32_u8(detail::unpack_nibbles(w[i].qs), x), acc0);
+    acc1 = detail::ffma(f16_to_f32(w[i + 1].d),
+                        detail::dot_bytes_f32_u8(detail::unpack_nibbles(w[i + 1].qs), x + qk), acc1);
+    offs += f16_to_f32(w[i].m) * xsum[i] + f16_to_f32(w[i + 1].m) * xsum[i + 1];
+  }
+  if (i < nb) {
+    acc0 = detail::ffma(f16_to_f32(w[i].d), detail::dot_bytes_f32_u8(detail::unpack_nibbles(w[i].qs), x), acc0);
     offs += f16_to_f32(w[i].m) * xsum[i];
   }
-  return detail::fsum(acc) + offs;
+  return detail::fsum(detail::fadd(acc0, acc1)) + offs;
 #else
   float sum = 0.0f;
   for (int64_t i = 0; i < nb; ++i, x += qk)
@@ -373,13 +383,20 @@ inline float vec_dot_q4_1_f32(const block_q4_1* w, const float* x, const float* 
 inline float vec_dot_q4_0_f32(const block_q4_0* w, const float* x, const float* xsum, int64_t nb) noexcept {
   float offs = 0.0f;
 #if defined(__AVX2__)
-  detail::fvec acc = detail::fzero();
-  for (int64_t i = 0; i < nb; ++i, x += qk) {
+  detail::fvec acc0 = detail::fzero(), acc1 = detail::fzero();
+  int64_t i = 0;
+  for (; i + 1 < nb; i += 2, x += 2 * qk) {
+    const float d0 = f16_to_f32(w[i].d), d1 = f16_to_f32(w[i + 1].d);
+    acc0 = detail::ffma(d0, detail::dot_bytes_f32_u8(detail::unpack_nibbles(w[i].qs), x), acc0);
+    acc1 = detail::ffma(d1, detail::dot_bytes_f32_u8(detail::unpack_nibbles(w[i + 1].qs), x + qk), acc1);
+    offs -= 8.0f * (d0 * xsum[i] + d1 * xsum[i + 1]);
+  }
+  if (i < nb) {
     const float d = f16_to_f32(w[i].d);
-    acc = detail::ffma(d, detail::dot_bytes_f32_u8(detail::unpack_nibbles(w[i].qs), x), acc);
+    acc0 = detail::ffma(d, detail::dot_bytes_f32_u8(detail::unpack_nibbles(w[i].qs), x), acc0);
     offs -= 8.0f * d * xsum[i];
   }
-  return detail::fsum(acc) + offs;
+  return detail::fsum(detail::fadd(acc0, acc1)) + offs;
 #else
   float sum = 0.0f;
   for (int64_t i = 0; i < nb; ++i, x += qk)
@@ -390,12 +407,17 @@ inline float vec_dot_q4_0_f32(const block_q4_0* w, const float* x, const float* 
 
 inline float vec_dot_q8_0_f32(const block_q8_0* w, const float* x, int64_t nb) noexcept {
 #if defined(__AVX2__)
-  detail::fvec acc = detail::fzero();
-  for (int64_t i = 0; i < nb; ++i, x += qk)
-    acc = detail::ffma(f16_to_f32(w[i].d),
-                       detail::dot_bytes_f32_s8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs)), x),
-                       acc);
-  return detail::fsum(acc);
+  auto block = [&](int64_t i, const float* xb) {
+    return detail::dot_bytes_f32_s8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs)), xb);
+  };
+  detail::fvec acc0 = detail::fzero(), acc1 = detail::fzero();
+  int64_t i = 0;
+  for (; i + 1 < nb; i += 2, x += 2 * qk) {
+    acc0 = detail::ffma(f16_to_f32(w[i].d), block(i, x), acc0);
+    acc1 = detail::ffma(f16_to_f32(w[i + 1].d), block(i + 1, x + qk), acc1);
+  }
+  if (i < nb) acc0 = detail::ffma(f16_to_f32(w[i].d), block(i, x), acc0);
+  return detail::fsum(detail::fadd(acc0, acc1));
 #else
   float sum = 0.0f;
   for (int64_t i = 0; i < nb; ++i, x += qk) {
