@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -166,4 +167,63 @@ TEST_CASE("forward: batched prefill equals token-by-token decoding") {
   CHECK(md < 1e-3);
   CHECK(batched.n_past() == int(ids.size()));
   CHECK(batched.cache().layer(0).len[0] == int(ids.size()));
+}
+
+TEST_CASE("forward: ragged per-head lengths: each KV head attends to exactly its own rows") {
+  const std::string path = llama::test::default_model_path();
+  if (llama::test::model_missing(path)) {
+    MESSAGE("SKIPPED: default model not installed");
+    std::printf("[fairkv_llama_tests] SKIPPED ragged attention test: model not installed\n");
+    return;
+  }
+  const auto ref = load_reference();
+  const llama::model m = llama::model::load(path);
+  const auto& ids = ref.front().ids;
+  const int n = int(ids.size());
+  // Evict different tokens from different heads (head h drops h tokens from the middle), then poison every row
+  // beyond each head's length: a read past `len` would turn the logits into NaN or change them.
+  auto run = [&](float poison, std::vector<int32_t>* lens_out) {
+    llama::engine eng(m, 128, {.threads = 2});
+    eng.feed(ids);
+    llama::kv_cache& c = eng.cache();
+    for (int l = 0; l < c.n_layers(); ++l) {
+      for (int h = 0; h < c.n_kv_heads(); ++h) {
+        int w = 0;
+        for (int t = 0; t < n; ++t) {
+          if (t >= 10 && t < 10 + h + l % 2) continue;  // dropped
+          std::copy_n(c.k_row(l, h, t), c.head_dim(), c.k_row(l, h, w));
+          std::copy_n(c.v_row(l, h, t), c.head_dim(), c.v_row(l, h, w));
+          ++w;
+        }
+        c.layer(l).len[size_t(h)] = w;
+        for (int t = w; t < c.capacity(); ++t) {
+          std::fill_n(c.k_row(l, h, t), c.head_dim(), poison);
+          std::fill_n(c.v_row(l, h, t), c.head_dim(), poison);
+        }
+      }
+    }
+    if (lens_out) *lens_out = c.layer(1).len;
+    const int32_t next = ref.front().greedy[0];
+    std::vector<float> out = eng.feed(std::span<const int32_t>(&next, 1));
+    // The new token went to each head's own end, not to a common position.
+    if (lens_out) lens_out->insert(lens_out->end(), c.layer(1).len.begin(), c.layer(1).len.end());
+    return out;
+  };
+  std::vector<int32_t> lens;
+  const auto a = run(std::numeric_limits<float>::quiet_NaN(), &lens);
+  const auto b = run(1e30f, nullptr);
+  REQUIRE(lens.size() == 6);
+  CHECK(lens[0] == n - 1);  // layer 1: head h dropped h + 1 tokens
+  CHECK(lens[1] == n - 2);
+  CHECK(lens[2] == n - 3);
+  CHECK(lens[3] == n);      // +1 after the decode step, each at its own end
+  CHECK(lens[5] == n - 2);
+  bool finite = true;
+  double md = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    finite = finite && std::isfinite(a[i]) && std::isfinite(b[i]);
+    md = std::max(md, double(std::fabs(a[i] - b[i])));
+  }
+  CHECK(finite);
+  CHECK(md == 0.0);
 }
