@@ -89,4 +89,5 @@ def run(binary: Path, req: Request, timeout_s: float = 1800.0) -> tuple[dict, fl
 def is_budget_error(err: RunnerError) -> bool:
     """A whitelist larger than the keep budget is a property of the configuration, not a failure."""
     text = (str(err) + err.stderr).lower()
-    return "whitelist" in text and ("budget" in text or "more than" in text or "exceed" in text)
+    # fairkv-llama says: "the whitelist holds 120 distinct positions but sequence 0 keeps only 12 of ..."
+    return "whitelist" in text and any(w in text for w in ("budget", "more than", "exceed", "keeps only"))

@@ -154,3 +154,12 @@ def test_cli_run_without_runner_fails_clearly(tmp_path, monkeypatch, capsys):
     mini = Path(__file__).parent / "data" / "mini"
     assert cli.main(["run", "--data-dir", str(mini), "--out", str(tmp_path / "x.jsonl"), "--no-progress"]) == 2
     assert "fairkv-llama not found" in capsys.readouterr().err
+
+
+def test_budget_errors_of_the_real_runner_are_infeasible():
+    from tools.pitfalls.runner import RunnerError, is_budget_error
+
+    msg = ("fairkv-llama: error: fairkv plan (layer 0): the whitelist holds 120 distinct positions but sequence 0 "
+           "keeps only 12 of its 130 tokens at ratio 0.9")
+    assert is_budget_error(RunnerError(msg, 1, msg))
+    assert not is_budget_error(RunnerError("fairkv-llama: error: cannot open model", 1, ""))
