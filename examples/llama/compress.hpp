@@ -42,41 +42,17 @@ inline bool is_known_policy(const std::string& p) {
 // so the prefill need not keep [n_layers][n_heads][n_sys][head_dim] queries for them.
 inline bool policy_needs_queries(const std::string& p) { return p == "snapkv" || p == "tova" || p == "h2o"; }
 
-namespace detail {
-
-template <class F>
-void with_scorer(const compress_request& r, int window, F&& f) {
-  namespace sc = fairkv::scorers;
-  if (r.policy == "knorm") return f(sc::knorm{});
-  if (r.policy == "streaming_llm") return f(sc::streaming_llm<>{});
-  if (r.policy == "snapkv") {
-    sc::snapkv<> s;
-    s.window = window;
-    return f(s);
-  }
-  if (r.policy == "tova") return f(sc::tova{});
-  if (r.policy == "h2o") return f(sc::h2o{});
-  throw std::runtime_error("unknown policy '" + r.policy + "' (none, knorm, streaming_llm, snapkv, tova, h2o)");
-}
-
-template <class F>
-void with_selector(const compress_request& r, F&& f) {
-  namespace se = fairkv::selectors;
-  if (r.selector == "per_head") return f(se::per_head{});
-  if (r.selector == "union") return f(se::union_heads{});
-  if (r.selector == "head_adaptive") return f(se::head_adaptive{});
-  throw std::runtime_error("unknown selector '" + r.selector + "' (per_head, union, head_adaptive)");
-}
-
-template <class F>
-void with_allocator(const compress_request& r, F&& f) {
-  namespace al = fairkv::allocators;
+// The CLI's names as a fairkv::policy_spec; fairkv::dispatch instantiates the policy it names.
+inline fairkv::policy_spec policy_spec_of(const compress_request& r, int window) {
+  fairkv::policy_spec spec;
+  if (const fairkv::result e = fairkv::parse(r.policy, spec.scorer); !e) throw std::runtime_error(e.message());
+  if (const fairkv::result e = fairkv::parse(r.selector, spec.selector); !e) throw std::runtime_error(e.message());
   const bool wl = !r.whitelist.empty();
-  if (r.fair) return wl ? f(al::fair_with_whitelist{}) : f(al::fair{});
-  return wl ? f(al::whitelist{}) : f(al::uniform{});
+  spec.allocator = r.fair ? (wl ? fairkv::allocator_kind::fair_with_whitelist : fairkv::allocator_kind::fair)
+                          : (wl ? fairkv::allocator_kind::whitelist : fairkv::allocator_kind::uniform);
+  spec.window = window;
+  return spec;
 }
-
-}  // namespace detail
 
 // Applies the requested policy to every layer of the cache, whose heads all hold the n_sys system-turn tokens
 // and, for attention scorers, whose layers carry the turn's post-RoPE queries (sys_q). Throws with fairkv's message on invalid input;
@@ -89,6 +65,7 @@ inline compress_result compress_system_turn(kv_cache& cache, int n_sys, const co
   if (!is_known_policy(req.policy)) throw std::runtime_error("unknown policy '" + req.policy + "'");
   // kvpress requires more tokens than the window; clamp so short system prompts still compress.
   out.window_used = std::max(1, std::min(req.window, n_sys - 1));
+  const fairkv::policy_spec spec = policy_spec_of(req, out.window_used);
 
   for (int l = 0; l < n_layers; ++l) {
     kv_layer& cl = cache.layer(l);
@@ -106,16 +83,9 @@ inline compress_result compress_system_turn(kv_cache& cache, int n_sys, const co
     if (with_q)  // [1, n_heads, n_sys, head_dim]
       inputs.queries = fairkv::make_contiguous_view<const float>(cl.sys_q.data(), 1, cache.n_heads(), n_sys, hd);
     fairkv::keep_plan plan;
-    fairkv::result res;
-    detail::with_scorer(req, out.window_used, [&](auto scorer) {
-      detail::with_selector(req, [&](auto selector) {
-        detail::with_allocator(req, [&](auto allocator) {
-          const fairkv::policy<decltype(scorer), decltype(selector), decltype(allocator)> pol{scorer, selector,
-                                                                                              allocator};
-          res = fairkv::cpu::plan(pol, inputs, std::span<const fairkv::segment>(req.segments),
-                                  std::span<const int32_t>(req.whitelist), req.ratio, plan);
-        });
-      });
+    const fairkv::result res = fairkv::dispatch(spec, [&](const auto& pol) {
+      return fairkv::cpu::plan(pol, inputs, std::span<const fairkv::segment>(req.segments),
+                               std::span<const int32_t>(req.whitelist), req.ratio, plan);
     });
     if (!res.ok()) throw std::runtime_error("fairkv plan (layer " + std::to_string(l) + "): " + res.message());
     for (int g = 0; g < n_kv; ++g) {
@@ -123,8 +93,8 @@ inline compress_result compress_system_turn(kv_cache& cache, int n_sys, const co
       std::fill(k.begin(), k.end(), uint8_t{0});
       for (int32_t i : plan.kept(0, g)) k[size_t(i)] = 1;
     }
-    res = fairkv::cpu::compact(plan.view(), keys, values);
-    if (!res.ok()) throw std::runtime_error("fairkv compact (layer " + std::to_string(l) + "): " + res.message());
+    if (const fairkv::result c = fairkv::cpu::compact(plan.view(), keys, values); !c.ok())
+      throw std::runtime_error("fairkv compact (layer " + std::to_string(l) + "): " + c.message());
     for (int g = 0; g < n_kv; ++g) cl.len[size_t(g)] = plan.count(0, g);
     cl.sys_q.clear();  // only needed for scoring
     cl.sys_q.shrink_to_fit();

@@ -108,11 +108,6 @@ inline void select_in_group(const float* score_row, const run* runs, std::int64_
   for (std::int64_t i = 0; i < std::min(k, n); ++i) keep[fairkv::detail::key_index(keys[i])] = 1;
 }
 
-template <class KeySource>
-[[nodiscard]] result validate_keys(const KeySource& keys) noexcept {
-  return validate(keys, "inputs.keys");
-}
-
 }  // namespace detail
 
 // Whole-sequence scores of every (batch, head) row, as the planner sees them without segments:
@@ -122,7 +117,7 @@ template <class S, class KeySource, class Q>
 [[nodiscard]] result score(const S& scorer, const layer_inputs<KeySource, Q>& in, float* scores,
                            std::int64_t ld) noexcept {
   static_assert(Scorer<S>, "fairkv::cpu::score: S must satisfy fairkv::Scorer");
-  FAIRKV_TRY(detail::validate_keys(in.keys));
+  FAIRKV_TRY(validate(in.keys, "inputs.keys"));
   if (scores == nullptr) return result::error(status::null_pointer, "scores is null");
   std::int64_t max_tokens = 0, min_tokens = INT64_MAX;
   for (std::int64_t b = 0; b < in.keys.batch; ++b) {
@@ -155,44 +150,9 @@ template <class S, class Sel, class A, class KeySource, class Q>
                           std::span<const std::int32_t> whitelist, double ratio, keep_plan_view out) noexcept {
   using namespace fairkv::detail;
   // ---- validation: everything is checked before any scratch is touched ----
-  if (!(ratio >= 0.0 && ratio < 1.0))
-    return result::error(status::invalid_argument, "ratio = %g is outside [0, 1)", ratio);
-  FAIRKV_TRY(detail::validate_keys(in.keys));
+  std::int64_t min_tokens = 0, max_tokens = 0;
+  FAIRKV_TRY(fairkv::detail::validate_plan_request(pol, in, segments, whitelist, ratio, min_tokens, max_tokens));
   const std::int64_t batch = in.keys.batch, heads = in.keys.heads;
-  std::int64_t max_tokens = 0, min_tokens = INT64_MAX;
-  for (std::int64_t b = 0; b < batch; ++b) {
-    const std::int64_t L = in.keys.tokens_of(b);
-    if (L == 0)
-      return result::error(status::empty_cache, "sequence %lld of inputs.keys has no tokens", static_cast<long long>(b));
-    if (L > INT32_MAX || L * heads > INT64_C(0xFFFFFFFF))
-      return result::error(status::not_supported, "sequence %lld has %lld tokens; at most 2^32 / heads are supported",
-                           static_cast<long long>(b), static_cast<long long>(L));
-    max_tokens = std::max(max_tokens, L);
-    min_tokens = std::min(min_tokens, L);
-  }
-  if constexpr (!A::uses_segments) {
-    if (!segments.empty())
-      return result::error(status::invalid_argument,
-                           "%zu segments were given but allocator '%s' does not use segments (use fair, "
-                           "fair_with_whitelist or debias)",
-                           segments.size(), A::name);
-  }
-  if constexpr (!A::uses_whitelist) {
-    if (!whitelist.empty())
-      return result::error(status::invalid_argument,
-                           "a whitelist of %zu positions was given but allocator '%s' ignores whitelists (use "
-                           "whitelist, fair_with_whitelist or debias)",
-                           whitelist.size(), A::name);
-  }
-  FAIRKV_TRY(validate_segments(segments, min_tokens));
-  FAIRKV_TRY(validate_whitelist(whitelist, min_tokens));
-  FAIRKV_TRY(fairkv::detail::validate_scorer(pol.scorer));
-  if constexpr (Sel::kind == selection_kind::head_adaptive) {
-    if (!(pol.selector.alpha_safeguard >= 0.f && pol.selector.alpha_safeguard <= 1.f))
-      return result::error(status::invalid_argument, "selector.alpha_safeguard = %g is outside [0, 1]",
-                           static_cast<double>(pol.selector.alpha_safeguard));
-  }
-  FAIRKV_TRY((fairkv::detail::validate_attention_inputs<S, A>(in, min_tokens, max_tokens)));
 
   constexpr bool local = A::segment_local && is_attention_source(S::source);
   constexpr bool separate_global = local && A::needs_own_allocation;

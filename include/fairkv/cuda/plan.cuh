@@ -145,37 +145,9 @@ template <class S, class Sel, class A, class KeySource, class Q>
   static_assert(is_dense_view_v<KeySource>,
                 "fairkv::cuda::plan: the keys must be a kv_view<const T> (contiguous or strided); paged keys are "
                 "not supported by the CUDA planner (compact() does support paged views)");
-  if (!(ratio >= 0.0 && ratio < 1.0))
-    return result::error(status::invalid_argument, "ratio = %g is outside [0, 1)", ratio);
-  FAIRKV_TRY(validate(in.keys, "inputs.keys"));
+  std::int64_t min_tokens = 0, max_tokens = 0;  // dense views: one length for the whole batch
+  FAIRKV_TRY(fairkv::detail::validate_plan_request(pol, in, segments, whitelist, ratio, min_tokens, max_tokens));
   const std::int64_t batch = in.keys.batch, heads = in.keys.heads, L = in.keys.tokens;
-  if (L == 0) return result::error(status::empty_cache, "sequence %lld of inputs.keys has no tokens", 0LL);
-  if (L > INT32_MAX || L * heads > INT64_C(0xFFFFFFFF))
-    return result::error(status::not_supported, "sequence %lld has %lld tokens; at most 2^32 / heads are supported",
-                         0LL, static_cast<long long>(L));
-  if constexpr (!A::uses_segments) {
-    if (!segments.empty())
-      return result::error(status::invalid_argument,
-                           "%zu segments were given but allocator '%s' does not use segments (use fair, "
-                           "fair_with_whitelist or debias)",
-                           segments.size(), A::name);
-  }
-  if constexpr (!A::uses_whitelist) {
-    if (!whitelist.empty())
-      return result::error(status::invalid_argument,
-                           "a whitelist of %zu positions was given but allocator '%s' ignores whitelists (use "
-                           "whitelist, fair_with_whitelist or debias)",
-                           whitelist.size(), A::name);
-  }
-  FAIRKV_TRY(validate_segments(segments, L));
-  FAIRKV_TRY(validate_whitelist(whitelist, L));
-  FAIRKV_TRY(fairkv::detail::validate_scorer(pol.scorer));
-  if constexpr (Sel::kind == selection_kind::head_adaptive) {
-    if (!(pol.selector.alpha_safeguard >= 0.f && pol.selector.alpha_safeguard <= 1.f))
-      return result::error(status::invalid_argument, "selector.alpha_safeguard = %g is outside [0, 1]",
-                           static_cast<double>(pol.selector.alpha_safeguard));
-  }
-  FAIRKV_TRY((fairkv::detail::validate_attention_inputs<S, A>(in, L, L)));
 
   // ---- the CUDA backend's own limits ----
   if constexpr (A::needs_own_allocation) {

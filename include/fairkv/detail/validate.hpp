@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 
 #include "fairkv/layer_inputs.hpp"
+#include "fairkv/policy.hpp"
+#include "fairkv/segments.hpp"
 #include "fairkv/scorer.hpp"
 #include "fairkv/status.hpp"
 
@@ -85,6 +88,53 @@ template <class S, class A, class KeySource, class Q>
     }
     return {};
   }
+}
+
+// Everything a planner checks before it touches any memory, in one order for every backend: ratio, keys,
+// sequence lengths (returned in min_tokens / max_tokens), segments and whitelist against what the allocator
+// uses, scorer and selector parameters, attention inputs.
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result validate_plan_request(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                                           std::span<const segment> segments, std::span<const std::int32_t> whitelist,
+                                           double ratio, std::int64_t& min_tokens, std::int64_t& max_tokens) noexcept {
+  if (!(ratio >= 0.0 && ratio < 1.0))
+    return result::error(status::invalid_argument, "ratio = %g is outside [0, 1)", ratio);
+  FAIRKV_TRY(validate(in.keys, "inputs.keys"));
+  max_tokens = 0;
+  min_tokens = INT64_MAX;
+  for (std::int64_t b = 0; b < in.keys.batch; ++b) {
+    const std::int64_t L = in.keys.tokens_of(b);
+    if (L == 0)
+      return result::error(status::empty_cache, "sequence %lld of inputs.keys has no tokens", static_cast<long long>(b));
+    if (L > INT32_MAX || L * in.keys.heads > INT64_C(0xFFFFFFFF))
+      return result::error(status::not_supported, "sequence %lld has %lld tokens; at most 2^32 / heads are supported",
+                           static_cast<long long>(b), static_cast<long long>(L));
+    max_tokens = std::max(max_tokens, L);
+    min_tokens = std::min(min_tokens, L);
+  }
+  if constexpr (!A::uses_segments) {
+    if (!segments.empty())
+      return result::error(status::invalid_argument,
+                           "%zu segments were given but allocator '%s' does not use segments (use fair, "
+                           "fair_with_whitelist or debias)",
+                           segments.size(), A::name);
+  }
+  if constexpr (!A::uses_whitelist) {
+    if (!whitelist.empty())
+      return result::error(status::invalid_argument,
+                           "a whitelist of %zu positions was given but allocator '%s' ignores whitelists (use "
+                           "whitelist, fair_with_whitelist or debias)",
+                           whitelist.size(), A::name);
+  }
+  FAIRKV_TRY(validate_segments(segments, min_tokens));
+  FAIRKV_TRY(validate_whitelist(whitelist, min_tokens));
+  FAIRKV_TRY(validate_scorer(pol.scorer));
+  if constexpr (Sel::kind == selection_kind::head_adaptive) {
+    if (!(pol.selector.alpha_safeguard >= 0.f && pol.selector.alpha_safeguard <= 1.f))
+      return result::error(status::invalid_argument, "selector.alpha_safeguard = %g is outside [0, 1]",
+                           static_cast<double>(pol.selector.alpha_safeguard));
+  }
+  return validate_attention_inputs<S, A>(in, min_tokens, max_tokens);
 }
 
 }  // namespace detail
