@@ -21,7 +21,9 @@ run() {
   local label=$1
   shift
   echo "=================== $label ==================="
-  "$RUNNER" --system "$SYSTEM" --user "$ATTACK" --max-new-tokens 96 --quiet "$@"
+  # The kept fraction of each segment (one per line of the system prompt: preamble, defense, instruction),
+  # the timings, then the answer; the progress lines ("[prefill] ...") are left out.
+  "$RUNNER" --system "$SYSTEM" --user "$ATTACK" --max-new-tokens 96 "$@" 2>&1 | tr '\r' '\n' | grep -v '^\['
   echo
 }
 run "no compression" --policy none

@@ -4,8 +4,12 @@
 // Why not OpenMP: a token needs ~150 fork-joins, and libgomp's default waiting spins for a long time before
 // sleeping. When the cores are shared with other work (CI, a laptop), a spinning thread steals the time slice
 // its partner needs to reach the barrier, and two threads become several times slower than one (measured:
-// 2.3 tok/s spinning vs 43 tok/s sleeping on a loaded 2-core machine). Here a waiting thread spins briefly
-// (long enough for a barrier on idle cores) and then sleeps on a futex (C++20 atomic wait).
+// 2.3 tok/s spinning vs 43 tok/s sleeping on a loaded 2-core machine). Here a waiting thread spins for about
+// a millisecond and then sleeps on a futex (C++20 atomic wait). The spin must outlast the gap between two
+// fork-joins of one token (a matvec of the next weight), otherwise every fork-join pays a futex wake-up: with
+// 300 pauses (~20 us) two threads decoded no faster than one on an idle 2-core machine (45.6 vs 46.5 tok/s);
+// with 20000 pauses two threads reach 82.9 tok/s (docs/benchmarks.md). Under load the waste is bounded by the
+// spin, unlike libgomp's.
 #pragma once
 
 #include <atomic>
@@ -66,7 +70,7 @@ class thread_pool {
   }
 
  private:
-  static constexpr int spin_limit = 300;  // ~10-40 us (pause is 40-140 cycles)
+  static constexpr int spin_limit = 20000;  // ~0.5-1.5 ms (pause is 40-140 cycles)
 
   static void pause() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
