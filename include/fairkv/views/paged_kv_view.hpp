@@ -69,17 +69,17 @@ struct paged_kv_view {
   const std::int32_t* indices = nullptr;        // [indptr[batch]] page ids, in token order
   const std::int32_t* last_page_len = nullptr;  // [batch] filled slots of the last page, 1..page_size
 
-  [[nodiscard]] constexpr paged_side<T> keys() const noexcept {
-    return {k_data, num_pages, batch, heads, head_dim, page_size, stride_page, stride_slot, stride_head, stride_dim,
-            indptr, indices, last_page_len};
-  }
-  [[nodiscard]] constexpr paged_side<T> values() const noexcept {
-    return {v_data, num_pages, batch, heads, head_dim, page_size, stride_page, stride_slot, stride_head, stride_dim,
-            indptr, indices, last_page_len};
-  }
+  [[nodiscard]] constexpr paged_side<T> keys() const noexcept { return side(k_data); }
+  [[nodiscard]] constexpr paged_side<T> values() const noexcept { return side(v_data); }
   [[nodiscard]] FAIRKV_HOST_DEVICE constexpr std::int64_t tokens_of(std::int64_t b) const noexcept {
-    const std::int64_t pages = indptr[b + 1] - indptr[b];
-    return pages == 0 ? 0 : (pages - 1) * page_size + last_page_len[b];
+    return side(k_data).tokens_of(b);
+  }
+
+ private:
+  // K and V share the page table and the strides; only the pool differs.
+  [[nodiscard]] FAIRKV_HOST_DEVICE constexpr paged_side<T> side(T* pool) const noexcept {
+    return {pool, num_pages, batch, heads, head_dim, page_size, stride_page, stride_slot, stride_head, stride_dim,
+            indptr, indices, last_page_len};
   }
 };
 
