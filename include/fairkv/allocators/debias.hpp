@@ -30,11 +30,13 @@ struct debias {
     std::span<std::int64_t> fair_row = ctx.scratch.first(g);
     detail::proportional_budgets(ctx.n_keep, ctx.sizes, ctx.forced, fair_row);
     for (std::int64_t h = 0; h < ctx.heads; ++h) {
+      auto target = [&](std::size_t i) {
+        return (1.0 - lambda) * static_cast<double>(ctx.own[h * g + i]) +
+               static_cast<double>(lambda) * static_cast<double>(fair_row[i]);
+      };
       std::int64_t given = 0;
       for (std::size_t i = 0; i < g; ++i) {
-        const double target = (1.0 - lambda) * static_cast<double>(ctx.own[h * g + i]) +
-                              static_cast<double>(lambda) * static_cast<double>(fair_row[i]);
-        budgets[h * g + i] = static_cast<std::int64_t>(std::floor(target));
+        budgets[h * g + i] = static_cast<std::int64_t>(std::floor(target(i)));
         given += budgets[h * g + i];
       }
       // Largest fractional part first, lower group index on ties. `left` < groups, so this is O(groups^2) at most.
@@ -42,9 +44,7 @@ struct debias {
         std::size_t best = g;
         double best_frac = -1.0;
         for (std::size_t i = 0; i < g; ++i) {
-          const double target = (1.0 - lambda) * static_cast<double>(ctx.own[h * g + i]) +
-                                static_cast<double>(lambda) * static_cast<double>(fair_row[i]);
-          const double frac = target - static_cast<double>(budgets[h * g + i]);
+          const double frac = target(i) - static_cast<double>(budgets[h * g + i]);
           if (frac > 0.0 && frac > best_frac && budgets[h * g + i] < ctx.sizes[i]) {
             best_frac = frac;
             best = i;

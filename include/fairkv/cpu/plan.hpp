@@ -88,6 +88,15 @@ inline std::size_t layout(std::byte* base, plan_workspace& w, std::int64_t heads
   return bytes + 64;  // slack for aligning the caller's base pointer
 }
 
+// out[t] = mean over heads of scores[h * ld + t]; a NaN in any head propagates, so the token goes first.
+inline void head_mean(const float* scores, std::int64_t ld, std::int64_t heads, std::int64_t tokens, float* out) {
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    float s = 0.f;
+    for (std::int64_t h = 0; h < heads; ++h) s += scores[h * ld + t];
+    out[t] = s / static_cast<float>(heads);
+  }
+}
+
 // Puts the k best of keys[0, n) first (unordered). The keys are unique, so the set is exact.
 inline void partition_top(std::uint64_t* keys, std::int64_t n, std::int64_t k) {
   if (k <= 0 || k >= n) return;
@@ -234,37 +243,31 @@ template <class S, class Sel, class A, class KeySource, class Q>
       FAIRKV_TRY(detail::score_region(pol.scorer, in, b, L, 0, L, w.scores, ld, w.tmp));
     }
     if constexpr (separate_global) FAIRKV_TRY(detail::score_region(pol.scorer, in, b, L, 0, L, w.global_scores, ld, w.tmp));
-    if constexpr (Sel::kind == selection_kind::union_heads) {
-      // Mean over heads; a NaN in any head propagates and the token goes first.
-      for (std::int64_t t = 0; t < L; ++t) {
-        float s = 0.f;
-        for (std::int64_t h = 0; h < heads; ++h) s += w.scores[h * ld + t];
-        w.mean_scores[t] = s / static_cast<float>(heads);
-      }
-    }
+    if constexpr (Sel::kind == selection_kind::union_heads) detail::head_mean(w.scores, ld, heads, L, w.mean_scores);
 
     // ---- the plain policy's own allocation, for allocators that interpolate from it ----
     if constexpr (A::needs_own_allocation) {
-      const detail::run whole{0, L, 0};
-      const std::int64_t score_rows = Sel::kind == selection_kind::union_heads ? 1 : heads;
-      for (std::int64_t h = 0; h < heads; ++h) {
-        const float* row = w.global_scores + h * ld;
-        if constexpr (Sel::kind == selection_kind::union_heads) {
-          for (std::int64_t t = 0; t < L; ++t) {
-            float s = 0.f;
-            for (std::int64_t hh = 0; hh < heads; ++hh) s += w.global_scores[hh * ld + t];
-            w.tmp[t] = s / static_cast<float>(heads);
-          }
-          row = w.tmp;
-        }
-        if (h < score_rows) {
-          std::copy(w.forced, w.forced + L, w.keep);
-          detail::select_in_group(row, &whole, 1, 0, w.forced, n_keep - forced_total, w.keys, w.keep);
-          std::fill(w.own + h * groups, w.own + (h + 1) * groups, 0);
-          for (std::int64_t t = 0; t < L; ++t) w.own[h * groups + w.group_of[t]] += w.keep[t];
+      // union_heads selects one set on the head-mean score, so every head has the same own counts.
+      const float* union_row = nullptr;
+      if constexpr (Sel::kind == selection_kind::union_heads) {
+        if constexpr (separate_global) {
+          detail::head_mean(w.global_scores, ld, heads, L, w.tmp);
+          union_row = w.tmp;
         } else {
-          std::copy(w.own, w.own + groups, w.own + h * groups);
+          union_row = w.mean_scores;
         }
+      }
+      const detail::run whole{0, L, 0};
+      for (std::int64_t h = 0; h < heads; ++h) {
+        if (Sel::kind == selection_kind::union_heads && h > 0) {
+          std::copy(w.own, w.own + groups, w.own + h * groups);
+          continue;
+        }
+        const float* row = Sel::kind == selection_kind::union_heads ? union_row : w.global_scores + h * ld;
+        std::copy(w.forced, w.forced + L, w.keep);
+        detail::select_in_group(row, &whole, 1, 0, w.forced, n_keep - forced_total, w.keys, w.keep);
+        std::fill(w.own + h * groups, w.own + (h + 1) * groups, 0);
+        for (std::int64_t t = 0; t < L; ++t) w.own[h * groups + w.group_of[t]] += w.keep[t];
       }
     }
 

@@ -14,8 +14,9 @@ namespace fairkv::allocators::detail {
 inline void proportional_budgets(std::int64_t n_keep, std::span<const std::int64_t> sizes,
                                  std::span<const std::int64_t> forced, std::span<std::int64_t> out) noexcept {
   const std::size_t groups = sizes.size();
-  // out[g] < 0 marks an active (not yet pinned) group during the iteration.
-  for (std::size_t g = 0; g < groups; ++g) out[g] = -1;
+  // A negative out[g] marks a group still shared proportionally (not pinned at its forced count).
+  constexpr std::int64_t active = -1, topped_up = -2;
+  for (std::size_t g = 0; g < groups; ++g) out[g] = active;
   for (;;) {
     std::int64_t budget = n_keep, active_size = 0;
     for (std::size_t g = 0; g < groups; ++g) {
@@ -34,28 +35,24 @@ inline void proportional_budgets(std::int64_t n_keep, std::span<const std::int64
       }
     }
     if (pinned_any) continue;
-    std::int64_t given = 0;
+    // Floors, then the leftovers (fewer than the active groups) one each by largest remainder.
+    std::int64_t left = budget;
     for (std::size_t g = 0; g < groups; ++g)
-      if (out[g] < 0) given += budget * sizes[g] / active_size;
-    std::int64_t left = budget - given;  // < number of active groups
-    // Hand out the leftovers by largest remainder; mark receivers by storing the floor first.
-    for (std::size_t g = 0; g < groups; ++g)
-      if (out[g] < 0) out[g] = -2 - budget * sizes[g] / active_size;  // encoded floor, still "active"
-    while (left-- > 0) {
+      if (out[g] == active) left -= budget * sizes[g] / active_size;
+    for (; left > 0; --left) {
       std::size_t best = groups;
       std::int64_t best_rem = -1;
       for (std::size_t g = 0; g < groups; ++g) {
-        if (out[g] >= -1) continue;  // pinned or already topped up
         const std::int64_t rem = budget * sizes[g] % active_size;
-        if (rem > best_rem) {
+        if (out[g] == active && rem > best_rem) {
           best_rem = rem;
           best = g;
         }
       }
-      out[best] = -2 - out[best] + 1;  // decode floor, add one, now final
+      out[best] = topped_up;
     }
     for (std::size_t g = 0; g < groups; ++g)
-      if (out[g] <= -2) out[g] = -2 - out[g];
+      if (out[g] < 0) out[g] = budget * sizes[g] / active_size + (out[g] == topped_up ? 1 : 0);
     return;
   }
 }
