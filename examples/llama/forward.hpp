@@ -3,6 +3,9 @@
 //
 // Matrix products run on the quantised blocks (quant.hpp) and are split over output rows between the threads
 // of a small pool (thread_pool.hpp); a batch of tokens (prefill) shares one pass over each weight row, one token (decode) is a matvec.
+// decode() steps several independent sequences at once: their tokens share each pass over the weights (decode is
+// bound by reading them), while every row keeps the exact arithmetic of a one-token step, so a sequence decoded
+// in a batch produces bit for bit the logits it would produce alone.
 // Attention uses Eigen on the cache in place. Each KV head attends to its own length, so a head-adaptive
 // compressed (ragged) cache is handled exactly.
 #pragma once
@@ -41,12 +44,18 @@ struct forward_options {
   bool q8_activations = false;  // llama.cpp-style 8-bit activations: faster, less exact (see matmul)
 };
 
+// One sequence's state: its KV cache and the absolute position of its next token (the number of tokens ever fed,
+// evicted ones included, as kvpress counts). Copyable, so a prefilled prompt can be forked.
+struct sequence {
+  kv_cache cache;
+  int n_past = 0;
+};
+
 class engine {
  public:
-  // capacity: tokens per KV head the cache can hold.
+  // capacity: tokens per KV head the engine's own cache can hold (make_sequence() gives others of any size).
   engine(const model& m, int capacity, forward_options opt = {})
-      : m_(m), hp_(m.hp()), opt_(opt),
-        cache_(hp_.n_layers, hp_.n_heads, hp_.n_kv_heads, hp_.head_dim, capacity) {
+      : m_(m), hp_(m.hp()), opt_(opt), main_(make_sequence(capacity)) {
     if (opt_.threads <= 0) opt_.threads = default_threads();
     if (opt_.batch <= 0) opt_.batch = 128;
     pool_ = std::make_unique<thread_pool>(opt_.threads);
@@ -57,16 +66,22 @@ class engine {
   }
 
   const hparams& hp() const noexcept { return hp_; }
-  kv_cache& cache() noexcept { return cache_; }
-  const kv_cache& cache() const noexcept { return cache_; }
+  kv_cache& cache() noexcept { return main_.cache; }
+  const kv_cache& cache() const noexcept { return main_.cache; }
   int threads() const noexcept { return opt_.threads; }
 
-  // Absolute position of the next token: the number of tokens ever fed, evicted ones included (kvpress).
-  int n_past() const noexcept { return n_past_; }
-  void set_n_past(int n) noexcept { n_past_ = n; }
+  // The engine's own sequence, which feed(tokens) extends.
+  sequence& main_sequence() noexcept { return main_; }
+  int n_past() const noexcept { return main_.n_past; }
+  void set_n_past(int n) noexcept { main_.n_past = n; }
   void reset() {
-    cache_.clear();
-    n_past_ = 0;
+    main_.cache.clear();
+    main_.n_past = 0;
+  }
+
+  // An empty sequence for this model, `capacity` tokens per KV head.
+  sequence make_sequence(int capacity) const {
+    return {kv_cache(hp_.n_layers, hp_.n_heads, hp_.n_kv_heads, hp_.head_dim, capacity), 0};
   }
 
   // Feeds tokens (in chunks of opt.batch), appending them to the cache. Returns the logits of the last token
@@ -75,39 +90,110 @@ class engine {
   // on_chunk(done, total) reports progress after each chunk.
   std::vector<float> feed(std::span<const int32_t> tokens, bool all_logits = false, bool capture_queries = false,
                           const std::function<void(int, int)>& on_chunk = {}) {
+    return feed(main_, tokens, all_logits, capture_queries, on_chunk);
+  }
+  // The same on any sequence.
+  std::vector<float> feed(sequence& seq, std::span<const int32_t> tokens, bool all_logits = false,
+                          bool capture_queries = false, const std::function<void(int, int)>& on_chunk = {}) {
     const int n = int(tokens.size());
     if (n == 0) throw std::runtime_error("engine::feed: no tokens");
-    for (int32_t t : tokens)
-      if (t < 0 || t >= hp_.n_vocab)
-        throw std::runtime_error("engine::feed: token id " + std::to_string(t) + " outside the vocabulary");
-    cache_.require_room(n);
+    check_tokens(tokens);
+    check_compatible(seq);
+    seq.cache.require_room(n);
     if (capture_queries)
       for (int l = 0; l < hp_.n_layers; ++l)
-        cache_.layer(l).sys_q.assign(size_t(hp_.n_heads) * size_t(n) * size_t(hp_.head_dim), 0.0f);
+        seq.cache.layer(l).sys_q.assign(size_t(hp_.n_heads) * size_t(n) * size_t(hp_.head_dim), 0.0f);
 
     std::vector<float> logits(size_t(all_logits ? n : 1) * size_t(hp_.n_vocab));
     for (int start = 0; start < n; start += opt_.batch) {
       const int count = std::min(opt_.batch, n - start);
       const bool last_chunk = start + count == n;
-      forward_chunk(tokens.subspan(size_t(start), size_t(count)), capture_queries ? start : -1, n);
+      forward_chunk(seq, tokens.subspan(size_t(start), size_t(count)), capture_queries ? start : -1, n);
       if (all_logits)
-        output_logits(0, count, logits.data() + size_t(start) * size_t(hp_.n_vocab));
+        output_logits(0, count, logits.data() + size_t(start) * size_t(hp_.n_vocab), false);
       else if (last_chunk)
-        output_logits(count - 1, 1, logits.data());
+        output_logits(count - 1, 1, logits.data(), false);
       if (on_chunk) on_chunk(start + count, n);
     }
+    return logits;
+  }
+
+  // One decode step of several sequences: tokens[i] is appended to *seqs[i]. Returns the logits
+  // [seqs.size()][n_vocab], row i bit-identical to feed(*seqs[i], {tokens[i]}). The sequences must be distinct.
+  std::vector<float> decode(std::span<sequence* const> seqs, std::span<const int32_t> tokens) {
+    const int B = int(seqs.size());
+    if (B == 0 || tokens.size() != seqs.size())
+      throw std::runtime_error("engine::decode: need one token per sequence, got " + std::to_string(tokens.size()) +
+                               " tokens for " + std::to_string(B) + " sequences");
+    check_tokens(tokens);
+    for (int i = 0; i < B; ++i) {
+      if (seqs[size_t(i)] == nullptr) throw std::runtime_error("engine::decode: null sequence");
+      check_compatible(*seqs[size_t(i)]);
+      seqs[size_t(i)]->cache.require_room(1);
+      for (int j = 0; j < i; ++j)
+        if (seqs[size_t(j)] == seqs[size_t(i)])
+          throw std::runtime_error("engine::decode: sequence " + std::to_string(i) + " appears twice");
+    }
+    embed(tokens);
+    run_layers(B, /*rowwise=*/true, [&](int t) { return seqs[size_t(t)]->n_past; },
+               [&](int l) {
+                 for (int t = 0; t < B; ++t) append_kv(seqs[size_t(t)]->cache, l, t, 1);
+               },
+               [&](int l) { attention_rows(seqs, l); }, [](int) {});
+    for (sequence* s : seqs) s->n_past += 1;
+    std::vector<float> logits(size_t(B) * size_t(hp_.n_vocab));
+    output_logits(0, B, logits.data(), true);
     return logits;
   }
 
  private:
   using mat_rm = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-  // One chunk of T tokens through every layer. q_capture_at >= 0: index of this chunk's first token in the
-  // captured queries (of n_capture tokens).
-  void forward_chunk(std::span<const int32_t> tokens, int q_capture_at, int n_capture) {
+  void check_tokens(std::span<const int32_t> tokens) const {
+    for (int32_t t : tokens)
+      if (t < 0 || t >= hp_.n_vocab)
+        throw std::runtime_error("engine: token id " + std::to_string(t) + " outside the vocabulary");
+  }
+  void check_compatible(const sequence& s) const {
+    const kv_cache& c = s.cache;
+    if (c.n_layers() != hp_.n_layers || c.n_heads() != hp_.n_heads || c.n_kv_heads() != hp_.n_kv_heads ||
+        c.head_dim() != hp_.head_dim)
+      throw std::runtime_error("engine: the sequence's cache was made for another model shape");
+  }
+
+  void embed(std::span<const int32_t> tokens) {
+    const int T = int(tokens.size()), d = hp_.d_model;
+    x_.resize(size_t(T) * d);  // [T, d_model] residual stream
+    for (int t = 0; t < T; ++t)
+      quant::dequantize_row(m_.token_embd().type, m_.token_embd().row(tokens[size_t(t)]), x_.data() + size_t(t) * d,
+                            d);
+  }
+
+  // One chunk of T tokens of one sequence through every layer. q_capture_at >= 0: index of this chunk's first
+  // token in the captured queries (of n_capture tokens).
+  void forward_chunk(sequence& seq, std::span<const int32_t> tokens, int q_capture_at, int n_capture) {
     const int T = int(tokens.size());
+    const int hd = hp_.head_dim, q_dim = hp_.n_heads * hd;
+    embed(tokens);
+    run_layers(T, /*rowwise=*/false, [&](int t) { return seq.n_past + t; },
+               [&](int l) { append_kv(seq.cache, l, 0, T); }, [&](int l) { attention(seq.cache, l, T); },
+               [&](int l) {
+                 if (q_capture_at < 0) return;
+                 std::vector<float>& sq = seq.cache.layer(l).sys_q;  // [n_heads, n_capture, hd]
+                 for (int h = 0; h < hp_.n_heads; ++h)
+                   for (int t = 0; t < T; ++t)
+                     std::copy_n(q_.data() + size_t(t) * q_dim + size_t(h) * hd, hd,
+                                 sq.data() + (size_t(h) * size_t(n_capture) + size_t(q_capture_at + t)) * size_t(hd));
+               });
+    seq.n_past += T;
+  }
+
+  // The layers over the T rows in x_ (already embedded). pos(t): RoPE position of row t; append(l) stores the
+  // rows' K/V, attend(l) fills att_, capture(l) may keep the post-RoPE queries. rowwise: every product row by
+  // row (the one-token arithmetic), for rows of different sequences.
+  template <class Pos, class Append, class Attend, class Capture>
+  void run_layers(int T, bool rowwise, Pos&& pos, Append&& append, Attend&& attend, Capture&& capture) {
     const int d = hp_.d_model, hd = hp_.head_dim, q_dim = hp_.n_heads * hd, kv_dim = hp_.n_kv_heads * hd;
-    x_.resize(size_t(T) * d);       // [T, d_model] residual stream
     xn_.resize(size_t(T) * d);      // [T, d_model] normalised
     q_.resize(size_t(T) * q_dim);   // [T, n_heads*hd]
     k_.resize(size_t(T) * kv_dim);  // [T, n_kv*hd]
@@ -117,50 +203,38 @@ class engine {
     up_.resize(size_t(T) * hp_.d_ff);    // [T, d_ff]
     tmp_.resize(size_t(T) * d);          // [T, d_model]
 
-    for (int t = 0; t < T; ++t)
-      quant::dequantize_row(m_.token_embd().type, m_.token_embd().row(tokens[size_t(t)]), x_.data() + size_t(t) * d,
-                            d);
-
     for (int l = 0; l < hp_.n_layers; ++l) {
       const layer_weights& w = m_.layer(l);
       rms_norm(x_.data(), w.attn_norm, xn_.data(), T, d);
-      matmul({{&w.wq, q_.data()}, {&w.wk, k_.data()}, {&w.wv, v_.data()}}, xn_.data(), T);
+      matmul({{&w.wq, q_.data()}, {&w.wk, k_.data()}, {&w.wv, v_.data()}}, xn_.data(), T, rowwise);
       for (int t = 0; t < T; ++t) {
-        const int pos = n_past_ + t;
-        for (int h = 0; h < hp_.n_heads; ++h) rope(q_.data() + size_t(t) * q_dim + size_t(h) * hd, pos);
-        for (int h = 0; h < hp_.n_kv_heads; ++h) rope(k_.data() + size_t(t) * kv_dim + size_t(h) * hd, pos);
+        const int p = pos(t);
+        for (int h = 0; h < hp_.n_heads; ++h) rope(q_.data() + size_t(t) * q_dim + size_t(h) * hd, p);
+        for (int h = 0; h < hp_.n_kv_heads; ++h) rope(k_.data() + size_t(t) * kv_dim + size_t(h) * hd, p);
       }
-      if (q_capture_at >= 0) {
-        std::vector<float>& sq = cache_.layer(l).sys_q;  // [n_heads, n_capture, hd]
-        for (int h = 0; h < hp_.n_heads; ++h)
-          for (int t = 0; t < T; ++t)
-            std::copy_n(q_.data() + size_t(t) * q_dim + size_t(h) * hd, hd,
-                        sq.data() + (size_t(h) * size_t(n_capture) + size_t(q_capture_at + t)) * size_t(hd));
-      }
-      append_kv(l, T);
-      attention(l, T);
-      matmul({{&w.wo, tmp_.data()}}, att_.data(), T);
+      capture(l);
+      append(l);
+      attend(l);
+      matmul({{&w.wo, tmp_.data()}}, att_.data(), T, rowwise);
       for (size_t i = 0; i < size_t(T) * d; ++i) x_[i] += tmp_[i];
 
       rms_norm(x_.data(), w.ffn_norm, xn_.data(), T, d);
-      matmul({{&w.w_gate, gate_.data()}, {&w.w_up, up_.data()}}, xn_.data(), T);
+      matmul({{&w.w_gate, gate_.data()}, {&w.w_up, up_.data()}}, xn_.data(), T, rowwise);
       for (size_t i = 0; i < size_t(T) * hp_.d_ff; ++i) {
         const float g = gate_[i];
         gate_[i] = g / (1.0f + std::exp(-g)) * up_[i];  // SiLU(gate) * up
       }
-      matmul({{&w.w_down, tmp_.data()}}, gate_.data(), T);
+      matmul({{&w.w_down, tmp_.data()}}, gate_.data(), T, rowwise);
       for (size_t i = 0; i < size_t(T) * d; ++i) x_[i] += tmp_[i];
     }
-    n_past_ += T;
-    last_T_ = T;
   }
 
   // Final norm and output projection of rows [first, first+count) of the last chunk: out[count][n_vocab].
-  void output_logits(int first, int count, float* out) {
+  void output_logits(int first, int count, float* out, bool rowwise) {
     const int d = hp_.d_model;
     xn_.resize(size_t(count) * d);
     rms_norm(x_.data() + size_t(first) * d, m_.output_norm(), xn_.data(), count, d);
-    matmul({{&m_.output(), out}}, xn_.data(), count);
+    matmul({{&m_.output(), out}}, xn_.data(), count, rowwise);
   }
 
   static void rms_norm_row(const float* x, const float* w, float* y, int n, float eps) {
@@ -185,61 +259,76 @@ class engine {
     }
   }
 
-  // New keys/values of this chunk go after each head's current length.
-  void append_kv(int l, int T) {
+  // Rows [first, first+T) of k_/v_ go after each head's current length in `cache`.
+  void append_kv(kv_cache& cache, int l, int first, int T) {
     const int hd = hp_.head_dim, kv_dim = hp_.n_kv_heads * hd;
-    kv_layer& cl = cache_.layer(l);
+    kv_layer& cl = cache.layer(l);
     for (int g = 0; g < hp_.n_kv_heads; ++g) {
       const int base = cl.len[size_t(g)];
       for (int t = 0; t < T; ++t) {
-        std::copy_n(k_.data() + size_t(t) * kv_dim + size_t(g) * hd, hd, cache_.k_row(l, g, base + t));
-        std::copy_n(v_.data() + size_t(t) * kv_dim + size_t(g) * hd, hd, cache_.v_row(l, g, base + t));
+        const size_t src = size_t(first + t) * kv_dim + size_t(g) * hd;
+        std::copy_n(k_.data() + src, hd, cache.k_row(l, g, base + t));
+        std::copy_n(v_.data() + src, hd, cache.v_row(l, g, base + t));
       }
       cl.len[size_t(g)] = base + T;
     }
   }
 
   // Causal GQA attention of the chunk's T queries over each KV head's own cache rows; writes att_[T][q_dim].
-  void attention(int l, int T) {
-    const int hd = hp_.head_dim, q_dim = hp_.n_heads * hd, group = hp_.n_heads / hp_.n_kv_heads;
-    const float scale = 1.0f / std::sqrt(float(hd));
-    const kv_layer& cl = cache_.layer(l);
+  void attention(const kv_cache& cache, int l, int T) {
     // A decode step over a short cache is too little work to be worth a barrier.
-    const bool parallel = int64_t(T) * cache_.max_len(l) >= 2048;
+    const bool parallel = int64_t(T) * cache.max_len(l) >= 2048;
     auto heads = [&](int64_t h_begin, int64_t h_end) {
-    for (int h = int(h_begin); h < int(h_end); ++h) {
-      const int g = h / group;
-      const int L = cl.len[size_t(g)];  // includes this chunk's T tokens
-      const int past = L - T;
-      thread_local mat_rm s;  // [T, L] scores, then probabilities
-      s.resize(T, L);
-      Eigen::Map<const mat_rm, 0, Eigen::OuterStride<>> q(q_.data() + size_t(h) * hd, T, hd,
-                                                           Eigen::OuterStride<>(q_dim));
-      Eigen::Map<const mat_rm> k(cache_.k_row(l, g, 0), L, hd);  // [L, hd]
-      Eigen::Map<const mat_rm> v(cache_.v_row(l, g, 0), L, hd);  // [L, hd]
-      s.noalias() = q * k.transpose();
-      for (int t = 0; t < T; ++t) {
-        const int visible = past + t + 1;  // causal: the query at cache row past+t sees rows [0, past+t]
-        auto row = s.row(t);
-        float mx = -INFINITY;
-        for (int j = 0; j < visible; ++j) mx = std::max(mx, row(j) * scale);
-        float sum = 0.0f;
-        for (int j = 0; j < visible; ++j) {
-          const float e = std::exp(row(j) * scale - mx);
-          row(j) = e;
-          sum += e;
-        }
-        const float inv = 1.0f / sum;
-        for (int j = 0; j < visible; ++j) row(j) *= inv;
-        for (int j = visible; j < L; ++j) row(j) = 0.0f;
-      }
-      Eigen::Map<mat_rm, 0, Eigen::OuterStride<>> o(att_.data() + size_t(h) * hd, T, hd,
-                                                    Eigen::OuterStride<>(q_dim));
-      o.noalias() = s * v;
-    }
+      for (int h = int(h_begin); h < int(h_end); ++h) attend_head(cache, l, h, T, 0);
     };
     if (parallel) pool_->parallel_for(hp_.n_heads, heads);
     else heads(0, hp_.n_heads);
+  }
+
+  // Row t of the batch attends over its own sequence's cache: the one-token case of attention(), per row.
+  void attention_rows(std::span<sequence* const> seqs, int l) {
+    const int64_t B = int64_t(seqs.size()), H = hp_.n_heads;
+    int64_t work = 0;
+    for (sequence* s : seqs) work += s->cache.max_len(l);
+    auto rows = [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) attend_head(seqs[size_t(i / H)]->cache, l, int(i % H), 1, int(i / H));
+    };
+    if (work >= 2048) pool_->parallel_for(B * H, rows);
+    else rows(0, B * H);
+  }
+
+  // Query head h of rows [row0, row0+T) of q_ over KV head h/group of `cache`, whose last T rows are these
+  // tokens' own keys (causal within them); writes the same rows of att_.
+  void attend_head(const kv_cache& cache, int l, int h, int T, int row0) {
+    const int hd = hp_.head_dim, q_dim = hp_.n_heads * hd, group = hp_.n_heads / hp_.n_kv_heads;
+    const float scale = 1.0f / std::sqrt(float(hd));
+    const int g = h / group;
+    const int L = cache.layer(l).len[size_t(g)];  // includes these T tokens
+    const int past = L - T;
+    thread_local mat_rm s;  // [T, L] scores, then probabilities
+    s.resize(T, L);
+    const size_t at = size_t(row0) * q_dim + size_t(h) * hd;
+    Eigen::Map<const mat_rm, 0, Eigen::OuterStride<>> q(q_.data() + at, T, hd, Eigen::OuterStride<>(q_dim));
+    Eigen::Map<const mat_rm> k(cache.k_row(l, g, 0), L, hd);  // [L, hd]
+    Eigen::Map<const mat_rm> v(cache.v_row(l, g, 0), L, hd);  // [L, hd]
+    s.noalias() = q * k.transpose();
+    for (int t = 0; t < T; ++t) {
+      const int visible = past + t + 1;  // causal: the query at cache row past+t sees rows [0, past+t]
+      auto row = s.row(t);
+      float mx = -INFINITY;
+      for (int j = 0; j < visible; ++j) mx = std::max(mx, row(j) * scale);
+      float sum = 0.0f;
+      for (int j = 0; j < visible; ++j) {
+        const float e = std::exp(row(j) * scale - mx);
+        row(j) = e;
+        sum += e;
+      }
+      const float inv = 1.0f / sum;
+      for (int j = 0; j < visible; ++j) row(j) *= inv;
+      for (int j = visible; j < L; ++j) row(j) = 0.0f;
+    }
+    Eigen::Map<mat_rm, 0, Eigen::OuterStride<>> o(att_.data() + at, T, hd, Eigen::OuterStride<>(q_dim));
+    o.noalias() = s * v;
   }
 
   // One output of a matmul: y[T][w->n_out] = x[T][n_in] . W^T.
@@ -254,7 +343,8 @@ class engine {
   //    activations; a batch (prefill) expands a tile of weight rows to floats once and multiplies it with
   //    all tokens in one Eigen matrix product.
   //  - q8_activations: llama.cpp's scheme, the rows of x quantised once to 8-bit blocks and integer block dots.
-  void matmul(std::initializer_list<matmul_job> jobs_in, const float* x, int T) {
+  //  - rowwise: no GEMM even for many rows, so each row gets exactly the one-token arithmetic (batched decode).
+  void matmul(std::initializer_list<matmul_job> jobs_in, const float* x, int T, bool rowwise) {
     const std::vector<matmul_job> jobs(jobs_in);
     const int64_t n_in = jobs.front().w->n_in, nb = n_in / quant::qk;
     constexpr int64_t tile = 32;  // rows per work item: 32 x 1536 expanded floats = 192 KiB at most
@@ -271,7 +361,7 @@ class engine {
       xq_.resize(size_t(T) * size_t(nb));  // [T, n_in/32]
       for (int t = 0; t < T; ++t) quant::quantize_row_q8_act(x + size_t(t) * n_in, xq_.data() + size_t(t) * nb, n_in);
     }
-    const bool gemm = !q8 && T >= gemm_min_tokens;
+    const bool gemm = !q8 && !rowwise && T >= gemm_min_tokens;
     if (!gemm) {
       xsum_.resize(size_t(T) * size_t(nb));  // [T, n_in/32] block sums of x
       for (int t = 0; t < T; ++t) quant::block_sums(x + size_t(t) * n_in, xsum_.data() + size_t(t) * nb, n_in);
@@ -294,10 +384,27 @@ class engine {
           for (int t = 0; t < T; ++t)
             y[size_t(t) * n_out + r] = quant::vec_dot_row(w.type, w.row(r), nullptr, xq_.data() + size_t(t) * nb, n_in);
       } else {
-        for (int64_t r = r0; r < r0 + rows; ++r)
-          for (int t = 0; t < T; ++t)
-            y[size_t(t) * n_out + r] = quant::vec_dot_row_f32(w.type, w.row(r), x + size_t(t) * n_in,
-                                                              xsum_.data() + size_t(t) * nb, n_in);
+        // quant::dot_rows tokens share each expanded weight block; a group of tokens stays in L1 while it meets
+        // the tile's rows (each row then read from L1 too). Leftover tokens go one by one: same arithmetic.
+        constexpr int NT = quant::dot_rows;
+        const float* xr[NT];
+        const float* sr[NT];
+        float out[NT];
+        for (int t = 0; t < T; t += NT) {
+          const int nt = std::min(NT, T - t);
+          for (int j = 0; j < nt; ++j) {
+            xr[j] = x + size_t(t + j) * n_in;
+            sr[j] = xsum_.data() + size_t(t + j) * nb;
+          }
+          for (int64_t r = r0; r < r0 + rows; ++r) {
+            if (nt == NT) {
+              quant::vec_dot_rows_f32<NT>(w.type, w.row(r), xr, sr, n_in, out);
+            } else {
+              for (int j = 0; j < nt; ++j) out[j] = quant::vec_dot_row_f32(w.type, w.row(r), xr[j], sr[j], n_in);
+            }
+            for (int j = 0; j < nt; ++j) y[size_t(t + j) * n_out + r] = out[j];
+          }
+        }
       }
     }
     });
@@ -308,9 +415,7 @@ class engine {
   hparams hp_;
   forward_options opt_;
   std::unique_ptr<thread_pool> pool_;
-  kv_cache cache_;
-  int n_past_ = 0;
-  int last_T_ = 0;
+  sequence main_;
   std::vector<float> inv_freq_;  // [head_dim/2]
 
   // Scratch of one chunk (reused across calls).

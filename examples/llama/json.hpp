@@ -6,9 +6,13 @@
 #include <string>
 #include <string_view>
 
+#include "utf8.hpp"
+
 namespace llama::json {
 
-inline std::string quote(std::string_view s) {
+// A JSON string of s; ill-formed UTF-8 becomes U+FFFD, so the document always parses.
+inline std::string quote(std::string_view raw) {
+  const std::string s = unicode::to_valid_utf8(raw);
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {

@@ -79,6 +79,13 @@ class kv_cache {
       layers_[l].len = lens[l];
     }
   }
+  // The captured queries are only needed to score the system turn.
+  void drop_queries() {
+    for (kv_layer& l : layers_) {
+      l.sys_q.clear();
+      l.sys_q.shrink_to_fit();
+    }
+  }
   void clear() {
     for (kv_layer& l : layers_) {
       std::fill(l.len.begin(), l.len.end(), 0);

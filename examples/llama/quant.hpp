@@ -296,32 +296,43 @@ inline float vec_dot_q8_0(const block_q8_0* w, const block_q8_act* a, int64_t nb
 //   q4_1: sum_j (d q_j + m) x_j = d (q.x) + m xsum,   q4_0: d (q.x - 8 xsum),   q8_0: d (q.x).
 
 namespace detail {
+// A block's 32 weights (bytes, element order) expanded to floats, then dotted with 32 floats of x as vector
+// lanes to be scaled by the block's d. Expanding once and dotting with several token rows is what lets a
+// batch of decode steps share the unpacking while each row's arithmetic stays that of one token.
 #if defined(__AVX512F__)
-// 32 bytes (element order) times 32 floats of x, as 16 lanes to be scaled by the block's d.
-inline __m512 dot_bytes_f32_u8(__m256i q, const float* x) noexcept {
-  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q)));
-  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1)));
-  return _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(x)));
+struct expanded {
+  __m512 lo, hi;
+};
+inline expanded expand_u8(__m256i q) noexcept {
+  return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q))),
+          _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1)))};
 }
-inline __m512 dot_bytes_f32_s8(__m256i q, const float* x) noexcept {
-  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
-  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
-  return _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(x)));
+inline expanded expand_s8(__m256i q) noexcept {
+  return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))),
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)))};
+}
+inline __m512 dot_expanded(const expanded& e, const float* x) noexcept {
+  return _mm512_fmadd_ps(e.hi, _mm512_loadu_ps(x + 16), _mm512_mul_ps(e.lo, _mm512_loadu_ps(x)));
 }
 #elif defined(__AVX2__)
-inline __m256 dot_bytes_f32_u8(__m256i q, const float* x) noexcept {
+struct expanded {
+  __m256 v0, v1, v2, v3;
+};
+inline expanded expand_u8(__m256i q) noexcept {
   const __m128i a = _mm256_castsi256_si128(q), b = _mm256_extracti128_si256(q, 1);
-  __m256 acc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(a)), _mm256_loadu_ps(x));
-  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(a, 8))), _mm256_loadu_ps(x + 8), acc);
-  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_loadu_ps(x + 16), acc);
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))), _mm256_loadu_ps(x + 24), acc);
+  return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(a)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(a, 8))),
+          _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
 }
-inline __m256 dot_bytes_f32_s8(__m256i q, const float* x) noexcept {
+inline expanded expand_s8(__m256i q) noexcept {
   const __m128i a = _mm256_castsi256_si128(q), b = _mm256_extracti128_si256(q, 1);
-  __m256 acc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a)), _mm256_loadu_ps(x));
-  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8))), _mm256_loadu_ps(x + 8), acc);
-  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_loadu_ps(x + 16), acc);
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))), _mm256_loadu_ps(x + 24), acc);
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8))),
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+}
+inline __m256 dot_expanded(const expanded& e, const float* x) noexcept {
+  __m256 acc = _mm256_mul_ps(e.v0, _mm256_loadu_ps(x));
+  acc = _mm256_fmadd_ps(e.v1, _mm256_loadu_ps(x + 8), acc);
+  acc = _mm256_fmadd_ps(e.v2, _mm256_loadu_ps(x + 16), acc);
+  return _mm256_fmadd_ps(e.v3, _mm256_loadu_ps(x + 24), acc);
 }
 #endif
 
@@ -346,6 +357,13 @@ inline float dot_nibbles_f32_scalar(const uint8_t* qs, const float* x) noexcept 
 }
 }  // namespace detail
 
+// Rows of activations dotted with one weight row at a time: how many share each expanded block.
+#if defined(__AVX512F__)
+inline constexpr int dot_rows = 4;
+#else
+inline constexpr int dot_rows = 4;
+#endif
+
 // Per-block sums of x[n]: xsum[n/32].
 inline void block_sums(const float* x, float* xsum, int64_t n) noexcept {
   for (int64_t b = 0; b < n / qk; ++b) {
@@ -355,78 +373,141 @@ inline void block_sums(const float* x, float* xsum, int64_t n) noexcept {
   }
 }
 
-inline float vec_dot_q4_1_f32(const block_q4_1* w, const float* x, const float* xsum, int64_t nb) noexcept {
-  float offs = 0.0f;
+// The block formats' dots of one weight row with NT activation rows x[t] (block sums xsum[t]), out[t]. Every
+// row gets the same operations in the same order whatever NT is, so results do not depend on the batching.
+template <int NT>
+inline void vec_dot_q4_1_f32_n(const block_q4_1* w, const float* const* x, const float* const* xsum, int64_t nb,
+                               float* out) noexcept {
 #if defined(__AVX2__)
   // Two accumulators: consecutive blocks do not wait for each other's FMA latency.
-  detail::fvec acc0 = detail::fzero(), acc1 = detail::fzero();
+  detail::fvec acc0[NT], acc1[NT];
+  float offs[NT];
+  for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = detail::fzero(), offs[t] = 0.0f;
   int64_t i = 0;
-  for (; i + 1 < nb; i += 2, x += 2 * qk) {
-    acc0 = detail::ffma(f16_to_f32(w[i].d), detail::dot_bytes_f32_u8(detail::unpack_nibbles(w[i].qs), x), acc0);
-    acc1 = detail::ffma(f16_to_f32(w[i + 1].d),
-                        detail::dot_bytes_f32_u8(detail::unpack_nibbles(w[i + 1].qs), x + qk), acc1);
-    offs += f16_to_f32(w[i].m) * xsum[i] + f16_to_f32(w[i + 1].m) * xsum[i + 1];
+  for (; i + 1 < nb; i += 2) {
+    const float d0 = f16_to_f32(w[i].d), d1 = f16_to_f32(w[i + 1].d);
+    const float m0 = f16_to_f32(w[i].m), m1 = f16_to_f32(w[i + 1].m);
+    const detail::expanded e0 = detail::expand_u8(detail::unpack_nibbles(w[i].qs));
+    const detail::expanded e1 = detail::expand_u8(detail::unpack_nibbles(w[i + 1].qs));
+    for (int t = 0; t < NT; ++t) {
+      const float* xb = x[t] + i * qk;
+      acc0[t] = detail::ffma(d0, detail::dot_expanded(e0, xb), acc0[t]);
+      acc1[t] = detail::ffma(d1, detail::dot_expanded(e1, xb + qk), acc1[t]);
+      offs[t] += m0 * xsum[t][i] + m1 * xsum[t][i + 1];
+    }
   }
   if (i < nb) {
-    acc0 = detail::ffma(f16_to_f32(w[i].d), detail::dot_bytes_f32_u8(detail::unpack_nibbles(w[i].qs), x), acc0);
-    offs += f16_to_f32(w[i].m) * xsum[i];
+    const float d = f16_to_f32(w[i].d), m = f16_to_f32(w[i].m);
+    const detail::expanded e = detail::expand_u8(detail::unpack_nibbles(w[i].qs));
+    for (int t = 0; t < NT; ++t) {
+      acc0[t] = detail::ffma(d, detail::dot_expanded(e, x[t] + i * qk), acc0[t]);
+      offs[t] += m * xsum[t][i];
+    }
   }
-  return detail::fsum(detail::fadd(acc0, acc1)) + offs;
+  for (int t = 0; t < NT; ++t) out[t] = detail::fsum(detail::fadd(acc0[t], acc1[t])) + offs[t];
 #else
-  float sum = 0.0f;
-  for (int64_t i = 0; i < nb; ++i, x += qk)
-    sum += f16_to_f32(w[i].d) * detail::dot_nibbles_f32_scalar(w[i].qs, x) + f16_to_f32(w[i].m) * xsum[i];
-  return sum + offs;
+  for (int t = 0; t < NT; ++t) {
+    float sum = 0.0f;
+    const float* xb = x[t];
+    for (int64_t i = 0; i < nb; ++i, xb += qk)
+      sum += f16_to_f32(w[i].d) * detail::dot_nibbles_f32_scalar(w[i].qs, xb) + f16_to_f32(w[i].m) * xsum[t][i];
+    out[t] = sum;
+  }
 #endif
 }
 
-inline float vec_dot_q4_0_f32(const block_q4_0* w, const float* x, const float* xsum, int64_t nb) noexcept {
-  float offs = 0.0f;
+template <int NT>
+inline void vec_dot_q4_0_f32_n(const block_q4_0* w, const float* const* x, const float* const* xsum, int64_t nb,
+                               float* out) noexcept {
 #if defined(__AVX2__)
-  detail::fvec acc0 = detail::fzero(), acc1 = detail::fzero();
+  detail::fvec acc0[NT], acc1[NT];
+  float offs[NT];
+  for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = detail::fzero(), offs[t] = 0.0f;
   int64_t i = 0;
-  for (; i + 1 < nb; i += 2, x += 2 * qk) {
+  for (; i + 1 < nb; i += 2) {
     const float d0 = f16_to_f32(w[i].d), d1 = f16_to_f32(w[i + 1].d);
-    acc0 = detail::ffma(d0, detail::dot_bytes_f32_u8(detail::unpack_nibbles(w[i].qs), x), acc0);
-    acc1 = detail::ffma(d1, detail::dot_bytes_f32_u8(detail::unpack_nibbles(w[i + 1].qs), x + qk), acc1);
-    offs -= 8.0f * (d0 * xsum[i] + d1 * xsum[i + 1]);
+    const detail::expanded e0 = detail::expand_u8(detail::unpack_nibbles(w[i].qs));
+    const detail::expanded e1 = detail::expand_u8(detail::unpack_nibbles(w[i + 1].qs));
+    for (int t = 0; t < NT; ++t) {
+      const float* xb = x[t] + i * qk;
+      acc0[t] = detail::ffma(d0, detail::dot_expanded(e0, xb), acc0[t]);
+      acc1[t] = detail::ffma(d1, detail::dot_expanded(e1, xb + qk), acc1[t]);
+      offs[t] -= 8.0f * (d0 * xsum[t][i] + d1 * xsum[t][i + 1]);
+    }
   }
   if (i < nb) {
     const float d = f16_to_f32(w[i].d);
-    acc0 = detail::ffma(d, detail::dot_bytes_f32_u8(detail::unpack_nibbles(w[i].qs), x), acc0);
-    offs -= 8.0f * d * xsum[i];
+    const detail::expanded e = detail::expand_u8(detail::unpack_nibbles(w[i].qs));
+    for (int t = 0; t < NT; ++t) {
+      acc0[t] = detail::ffma(d, detail::dot_expanded(e, x[t] + i * qk), acc0[t]);
+      offs[t] -= 8.0f * d * xsum[t][i];
+    }
   }
-  return detail::fsum(detail::fadd(acc0, acc1)) + offs;
+  for (int t = 0; t < NT; ++t) out[t] = detail::fsum(detail::fadd(acc0[t], acc1[t])) + offs[t];
 #else
-  float sum = 0.0f;
-  for (int64_t i = 0; i < nb; ++i, x += qk)
-    sum += f16_to_f32(w[i].d) * (detail::dot_nibbles_f32_scalar(w[i].qs, x) - 8.0f * xsum[i]);
-  return sum + offs;
+  for (int t = 0; t < NT; ++t) {
+    float sum = 0.0f;
+    const float* xb = x[t];
+    for (int64_t i = 0; i < nb; ++i, xb += qk)
+      sum += f16_to_f32(w[i].d) * (detail::dot_nibbles_f32_scalar(w[i].qs, xb) - 8.0f * xsum[t][i]);
+    out[t] = sum;
+  }
 #endif
 }
 
-inline float vec_dot_q8_0_f32(const block_q8_0* w, const float* x, int64_t nb) noexcept {
+template <int NT>
+inline void vec_dot_q8_0_f32_n(const block_q8_0* w, const float* const* x, int64_t nb, float* out) noexcept {
 #if defined(__AVX2__)
-  auto block = [&](int64_t i, const float* xb) {
-    return detail::dot_bytes_f32_s8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs)), xb);
+  auto expand = [&](int64_t i) {
+    return detail::expand_s8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs)));
   };
-  detail::fvec acc0 = detail::fzero(), acc1 = detail::fzero();
+  detail::fvec acc0[NT], acc1[NT];
+  for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = detail::fzero();
   int64_t i = 0;
-  for (; i + 1 < nb; i += 2, x += 2 * qk) {
-    acc0 = detail::ffma(f16_to_f32(w[i].d), block(i, x), acc0);
-    acc1 = detail::ffma(f16_to_f32(w[i + 1].d), block(i + 1, x + qk), acc1);
+  for (; i + 1 < nb; i += 2) {
+    const float d0 = f16_to_f32(w[i].d), d1 = f16_to_f32(w[i + 1].d);
+    const detail::expanded e0 = expand(i), e1 = expand(i + 1);
+    for (int t = 0; t < NT; ++t) {
+      const float* xb = x[t] + i * qk;
+      acc0[t] = detail::ffma(d0, detail::dot_expanded(e0, xb), acc0[t]);
+      acc1[t] = detail::ffma(d1, detail::dot_expanded(e1, xb + qk), acc1[t]);
+    }
   }
-  if (i < nb) acc0 = detail::ffma(f16_to_f32(w[i].d), block(i, x), acc0);
-  return detail::fsum(detail::fadd(acc0, acc1));
+  if (i < nb) {
+    const float d = f16_to_f32(w[i].d);
+    const detail::expanded e = expand(i);
+    for (int t = 0; t < NT; ++t) acc0[t] = detail::ffma(d, detail::dot_expanded(e, x[t] + i * qk), acc0[t]);
+  }
+  for (int t = 0; t < NT; ++t) out[t] = detail::fsum(detail::fadd(acc0[t], acc1[t]));
 #else
-  float sum = 0.0f;
-  for (int64_t i = 0; i < nb; ++i, x += qk) {
-    float s = 0.0f;
-    for (int j = 0; j < qk; ++j) s += float(w[i].qs[j]) * x[j];
-    sum += f16_to_f32(w[i].d) * s;
+  for (int t = 0; t < NT; ++t) {
+    float sum = 0.0f;
+    const float* xb = x[t];
+    for (int64_t i = 0; i < nb; ++i, xb += qk) {
+      float s = 0.0f;
+      for (int j = 0; j < qk; ++j) s += float(w[i].qs[j]) * xb[j];
+      sum += f16_to_f32(w[i].d) * s;
+    }
+    out[t] = sum;
   }
-  return sum;
 #endif
+}
+
+// One activation row: the NT = 1 case.
+inline float vec_dot_q4_1_f32(const block_q4_1* w, const float* x, const float* xsum, int64_t nb) noexcept {
+  float out;
+  vec_dot_q4_1_f32_n<1>(w, &x, &xsum, nb, &out);
+  return out;
+}
+inline float vec_dot_q4_0_f32(const block_q4_0* w, const float* x, const float* xsum, int64_t nb) noexcept {
+  float out;
+  vec_dot_q4_0_f32_n<1>(w, &x, &xsum, nb, &out);
+  return out;
+}
+inline float vec_dot_q8_0_f32(const block_q8_0* w, const float* x, int64_t nb) noexcept {
+  float out;
+  vec_dot_q8_0_f32_n<1>(w, &x, nb, &out);
+  return out;
 }
 
 // Float weight rows . float activations (F32 / F16 / BF16 weights are not worth quantising against).
@@ -475,6 +556,20 @@ inline float vec_dot_row_f32(gguf::ggml_type t, const void* row, const float* x,
     case ggml_type::f16: return vec_dot_f16(static_cast<const uint16_t*>(row), x, n);
     case ggml_type::bf16: return vec_dot_bf16(static_cast<const uint16_t*>(row), x, n);
     default: throw std::runtime_error("vec_dot_row_f32: unsupported type " + gguf::type_name(t));
+  }
+}
+
+// NT activation rows with one weight row: out[t] equals vec_dot_row_f32(t, row, x[t], xsum[t], n) exactly.
+template <int NT>
+inline void vec_dot_rows_f32(gguf::ggml_type t, const void* row, const float* const* x, const float* const* xsum,
+                             int64_t n, float* out) {
+  using gguf::ggml_type;
+  switch (t) {
+    case ggml_type::q4_1: return vec_dot_q4_1_f32_n<NT>(static_cast<const block_q4_1*>(row), x, xsum, n / qk, out);
+    case ggml_type::q4_0: return vec_dot_q4_0_f32_n<NT>(static_cast<const block_q4_0*>(row), x, xsum, n / qk, out);
+    case ggml_type::q8_0: return vec_dot_q8_0_f32_n<NT>(static_cast<const block_q8_0*>(row), x, n / qk, out);
+    default:
+      for (int i = 0; i < NT; ++i) out[i] = vec_dot_row_f32(t, row, x[i], xsum[i], n);
   }
 }
 

@@ -1,12 +1,17 @@
 // The runner's session: load the model, prefill the system turn, compress its KV cache with a fairkv policy,
 // then answer every user turn greedily from that same compressed cache, and report (--json) what was kept of
 // each segment of the system prompt.
+//
+// A sweep (several --config) prefills the system turn once and forks its cache for every configuration; the
+// answers of all (configuration, user turn) pairs are decoded together (engine::decode), each bit-identical
+// to what a run of that configuration alone produces.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -22,16 +27,25 @@
 #include "model.hpp"
 #include "model_path.hpp"
 #include "tokenizer.hpp"
+#include "utf8.hpp"
 
 namespace llama {
+
+// One compression of the system turn: the policy and the phrases it force-keeps.
+struct compress_config {
+  compress_request compress;            // policy, ratio, window, selector, fair (segments/whitelist filled here)
+  std::vector<std::string> whitelist;   // phrases of the system text whose tokens are force-kept
+};
 
 struct runner_options {
   std::string model_path;               // empty: find_default_model()
   std::string system;                   // may contain [[seg:NAME]] markers
   std::vector<std::string> users;       // each answered from the same compressed system cache
-  compress_request compress;            // policy, ratio, window, selector, fair (segments/whitelist filled here)
-  std::vector<std::string> whitelist;   // phrases of the system text whose tokens are force-kept
+  compress_request compress;            // the configuration of run_session
+  std::vector<std::string> whitelist;   //   (and its whitelist phrases)
+  std::vector<compress_config> configs; // run_sweep's configurations
   int max_new_tokens = 128;
+  int max_batch = 64;                   // sequences decoded together at most
   forward_options forward;
   bool quiet = false;                   // no progress lines
 };
@@ -60,9 +74,12 @@ struct run_report {
   std::vector<segment_info> segments;
   std::vector<std::vector<double>> kept_per_layer;  // [n_layers][n_segments] kept fractions (mean over heads)
   std::vector<turn_result> turns;
+  // A sweep shares the load and the system prefill between its configurations (each report shows them whole),
+  // and decode_ms is this configuration's share of the batched steps (each step's time / its sequences).
   double load_ms = 0, prefill_ms = 0, compress_ms = 0, decode_ms = 0;
   int prefill_tokens = 0, decode_tokens = 0;  // decode_tokens: tokens fed one at a time (decode_ms covers them)
   int threads = 0;
+  std::string error;  // run_sweep only: why this configuration could not run (then no turns)
 };
 
 // ---- segments of the system prompt -----------------------------------------------------------------------
@@ -140,14 +157,63 @@ inline double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-inline run_report run_session(runner_options opt) {
+namespace detail {
+
+inline void check_config(const compress_request& c) {
+  if (!is_known_policy(c.policy)) throw std::runtime_error("unknown policy '" + c.policy + "'");
+  if (!(c.ratio >= 0.0 && c.ratio < 1.0))
+    throw std::runtime_error("--ratio must be in [0, 1), got " + std::to_string(c.ratio));
+}
+
+// Token indices of every occurrence of each phrase, sorted and unique.
+inline std::vector<int32_t> whitelist_tokens(const std::vector<std::string>& phrases, const parsed_system& ps,
+                                             const chat::encoded_turn& sys, bool quiet) {
+  std::vector<int32_t> out;
+  const size_t off = sys.content.begin;
+  for (const std::string& phrase : phrases) {
+    if (phrase.empty()) continue;
+    int found = 0;
+    for (size_t p = ps.text.find(phrase); p != std::string::npos; p = ps.text.find(phrase, p + 1)) {
+      auto [first, last] = tokens_overlapping(sys.tokens.offsets, off + p, off + p + phrase.size());
+      for (size_t t = first; t < last; ++t) out.push_back(int32_t(t));
+      ++found;
+    }
+    if (found == 0 && !quiet)
+      std::fprintf(stderr, "warning: whitelist phrase \"%s\" does not occur in the system prompt\n", phrase.c_str());
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// Per segment: tokens kept, mean over layers and heads, and per layer (mean over heads).
+inline void record_kept(run_report& rep, const compress_result& cr, int n_layers, int n_kv_heads) {
+  rep.kept_per_layer.assign(size_t(n_layers), std::vector<double>(rep.segments.size(), 1.0));
+  for (size_t s = 0; s < rep.segments.size(); ++s) {
+    segment_info& si = rep.segments[s];
+    double total = 0;
+    for (int l = 0; l < n_layers; ++l) {
+      double layer_kept = 0;
+      for (int g = 0; g < n_kv_heads; ++g)
+        for (int t = si.begin; t < si.end; ++t) layer_kept += cr.kept[size_t(l)][size_t(g)][size_t(t)];
+      layer_kept /= n_kv_heads;
+      rep.kept_per_layer[size_t(l)][s] = layer_kept / si.tokens();
+      total += layer_kept;
+    }
+    si.kept = total / n_layers;
+    si.kept_fraction = si.kept / si.tokens();
+  }
+}
+
+// The shared body of run_session and run_sweep. strict: a configuration that cannot be compressed (e.g. a
+// whitelist larger than its keep budget) throws; otherwise its report carries the error and the others run.
+inline std::vector<run_report> run_configs(runner_options opt, std::vector<compress_config> configs, bool strict) {
   using clock = std::chrono::steady_clock;
-  run_report rep;
   if (opt.users.empty()) throw std::runtime_error("no user turn (--user)");
-  if (!is_known_policy(opt.compress.policy)) throw std::runtime_error("unknown policy '" + opt.compress.policy + "'");
-  if (!(opt.compress.ratio >= 0.0 && opt.compress.ratio < 1.0))
-    throw std::runtime_error("--ratio must be in [0, 1), got " + std::to_string(opt.compress.ratio));
+  if (configs.empty()) throw std::runtime_error("no compression configuration");
+  for (const compress_config& c : configs) check_config(c.compress);
   if (opt.max_new_tokens < 0) throw std::runtime_error("--max-new-tokens must be non-negative");
+  if (opt.max_batch < 1) throw std::runtime_error("--max-batch must be at least 1");
   const progress prog(opt.quiet);
 
   auto t0 = clock::now();
@@ -158,17 +224,14 @@ inline run_report run_session(runner_options opt) {
   const model m = model::load(opt.model_path);
   const tokenizer tok = tokenizer::from_gguf(m.file());
   const chat::stop_tokens stops(tok);
-  rep.load_ms = ms_since(t0);
-  rep.model = opt.model_path;
+  const double load_ms = ms_since(t0);
   const hparams& hp = m.hp();
-  rep.n_layers = hp.n_layers;
-  rep.n_kv_heads = hp.n_kv_heads;
 
   // Tokenize the system turn and map segments / whitelist phrases from bytes to tokens.
   const parsed_system ps = parse_system_segments(opt.system);
   const chat::encoded_turn sys = chat::encode_system_turn(tok, ps.text);
   const int n_sys = int(sys.tokens.ids.size());
-  rep.system_tokens = n_sys;
+  std::vector<segment_info> segments;
   const size_t off = sys.content.begin;
   int prev_end = 0;
   for (const text_segment& s : ps.segments) {
@@ -180,28 +243,17 @@ inline run_report run_session(runner_options opt) {
     si.begin = b;
     si.end = e;
     si.text = ps.text.substr(s.begin, s.end - s.begin);
-    rep.segments.push_back(si);
+    segments.push_back(si);
     prev_end = e;
   }
-  if (opt.compress.fair) {
-    opt.compress.segments.clear();
-    for (const segment_info& s : rep.segments) opt.compress.segments.push_back({s.begin, s.end});
+  bool any_queries = false;
+  for (compress_config& c : configs) {
+    c.compress.segments.clear();
+    if (c.compress.fair)
+      for (const segment_info& s : segments) c.compress.segments.push_back({s.begin, s.end});
+    c.compress.whitelist = whitelist_tokens(c.whitelist, ps, sys, opt.quiet);
+    any_queries = any_queries || policy_needs_queries(c.compress.policy);
   }
-  opt.compress.whitelist.clear();
-  for (const std::string& phrase : opt.whitelist) {
-    if (phrase.empty()) continue;
-    int found = 0;
-    for (size_t p = ps.text.find(phrase); p != std::string::npos; p = ps.text.find(phrase, p + 1)) {
-      auto [first, last] = tokens_overlapping(sys.tokens.offsets, off + p, off + p + phrase.size());
-      for (size_t t = first; t < last; ++t) opt.compress.whitelist.push_back(int32_t(t));
-      ++found;
-    }
-    if (found == 0 && !opt.quiet)
-      std::fprintf(stderr, "warning: whitelist phrase \"%s\" does not occur in the system prompt\n", phrase.c_str());
-  }
-  std::sort(opt.compress.whitelist.begin(), opt.compress.whitelist.end());
-  opt.compress.whitelist.erase(std::unique(opt.compress.whitelist.begin(), opt.compress.whitelist.end()),
-                               opt.compress.whitelist.end());
 
   std::vector<chat::encoded_turn> user_turns;
   int max_user = 0;
@@ -213,72 +265,168 @@ inline run_report run_session(runner_options opt) {
   if (hp.n_ctx_train > 0 && capacity > hp.n_ctx_train && !opt.quiet)
     std::fprintf(stderr, "warning: %d tokens exceed the model's training context of %d\n", capacity, hp.n_ctx_train);
 
-  engine eng(m, capacity, opt.forward);
-  rep.threads = eng.threads();
-  const bool capture = policy_needs_queries(opt.compress.policy);
+  engine eng(m, /*capacity of its own sequence, unused here=*/0, opt.forward);
+  std::vector<run_report> reps(configs.size());
 
-  // System turn: prefill (capturing the post-RoPE queries for the scorers), then compress.
+  // System turn: prefilled once (capturing the post-RoPE queries if any scorer needs them).
+  sequence base = eng.make_sequence(capacity);
   t0 = clock::now();
-  eng.feed(sys.tokens.ids, false, capture, [&](int done, int total) {
+  eng.feed(base, sys.tokens.ids, false, any_queries, [&](int done, int total) {
     prog.update("prefill system", done, total, ms_since(t0) / 1000.0, done == total);
   });
-  rep.prefill_ms += ms_since(t0);
-  rep.prefill_tokens += n_sys;
-
-  t0 = clock::now();
-  const compress_result cr = compress_system_turn(eng.cache(), n_sys, opt.compress);
-  rep.compress_ms = ms_since(t0);
-  rep.window_used = cr.window_used;
-  rep.kept_per_layer.assign(size_t(hp.n_layers), std::vector<double>(rep.segments.size(), 1.0));
-  for (size_t s = 0; s < rep.segments.size(); ++s) {
-    segment_info& si = rep.segments[s];
-    double total = 0;
-    for (int l = 0; l < hp.n_layers; ++l) {
-      double layer_kept = 0;
-      for (int g = 0; g < hp.n_kv_heads; ++g)
-        for (int t = si.begin; t < si.end; ++t) layer_kept += cr.kept[size_t(l)][size_t(g)][size_t(t)];
-      layer_kept /= hp.n_kv_heads;
-      rep.kept_per_layer[size_t(l)][s] = layer_kept / si.tokens();
-      total += layer_kept;
-    }
-    si.kept = total / hp.n_layers;
-    si.kept_fraction = si.kept / si.tokens();
+  const double sys_prefill_ms = ms_since(t0);
+  for (size_t c = 0; c < configs.size(); ++c) {
+    run_report& rep = reps[c];
+    rep.model = opt.model_path;
+    rep.n_layers = hp.n_layers;
+    rep.n_kv_heads = hp.n_kv_heads;
+    rep.system_tokens = n_sys;
+    rep.segments = segments;
+    rep.threads = eng.threads();
+    rep.load_ms = load_ms;
+    rep.prefill_ms = sys_prefill_ms;
+    rep.prefill_tokens = n_sys;
+    rep.turns.resize(user_turns.size());
+    for (size_t u = 0; u < user_turns.size(); ++u) rep.turns[u].user = opt.users[u];
   }
 
-  // User turns, each from the same compressed system cache: appended tokens live beyond the saved lengths.
-  const auto sys_lengths = eng.cache().lengths();
-  const int sys_pos = eng.n_past();
-  for (size_t u = 0; u < user_turns.size(); ++u) {
-    eng.cache().set_lengths(sys_lengths);
-    eng.set_n_past(sys_pos);
-    const std::vector<int32_t>& ids = user_turns[u].tokens.ids;
-    t0 = clock::now();
-    std::vector<float> logits = eng.feed(ids, false, false, [&](int done, int total) {
-      prog.update("prefill user", done, total, ms_since(t0) / 1000.0, done == total);
-    });
-    rep.prefill_ms += ms_since(t0);
-    rep.prefill_tokens += int(ids.size());
-
-    t0 = clock::now();
+  // Every (configuration, user turn) is a sequence of its own, forked from its configuration's compressed
+  // cache, which is made when its first turn is admitted and dropped after its last one: at most max_batch
+  // sequences and one compressed cache besides the base are alive at a time.
+  struct slot {
+    size_t cfg = 0, user = 0;
+    sequence seq;
+    std::vector<float> logits;
     std::vector<int32_t> out;
     int fed = 0;
-    for (int step = 0; step < opt.max_new_tokens; ++step) {
-      const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      if (stops.contains(next)) break;
-      out.push_back(next);
-      if (step + 1 == opt.max_new_tokens) break;  // its logits would not be used
-      logits = eng.feed(std::span<const int32_t>(&next, 1));
-      ++fed;
-      if (fed % 16 == 0) prog.update("decode", fed, 0, ms_since(t0) / 1000.0, false);
+    double decode_ms = 0;
+  };
+  std::optional<sequence> compressed;
+  size_t compressed_cfg = configs.size();
+  size_t next_cfg = 0, next_user = 0;
+  std::vector<std::unique_ptr<slot>> active;
+
+  auto finish = [&](slot& sl) {
+    run_report& rep = reps[sl.cfg];
+    rep.turns[sl.user].answer = unicode::to_valid_utf8(tok.decode(sl.out));  // as transformers' decode()
+    rep.turns[sl.user].new_tokens = int(sl.out.size());
+    rep.decode_ms += sl.decode_ms;
+    rep.decode_tokens += sl.fed;
+  };
+  // Admits the next pending turn; false when none is left.
+  auto admit = [&]() -> bool {
+    while (next_cfg < configs.size()) {
+      const size_t c = next_cfg, u = next_user;
+      if (++next_user == user_turns.size()) next_user = 0, ++next_cfg;
+      run_report& rep = reps[c];
+      if (compressed_cfg != c) {
+        compressed.reset();
+        sequence comp = base;
+        const auto tc = clock::now();
+        try {
+          const compress_result cr = compress_system_turn(comp.cache, n_sys, configs[c].compress);
+          rep.compress_ms = ms_since(tc);
+          rep.window_used = cr.window_used;
+          record_kept(rep, cr, hp.n_layers, hp.n_kv_heads);
+        } catch (const std::exception& e) {
+          if (strict) throw;
+          rep.error = e.what();
+          rep.turns.clear();
+          next_cfg = c + 1, next_user = 0;  // none of its turns runs
+          continue;
+        }
+        comp.cache.drop_queries();
+        compressed = std::move(comp);
+        compressed_cfg = c;
+      }
+      auto sl = std::make_unique<slot>();
+      sl->cfg = c;
+      sl->user = u;
+      sl->seq = next_cfg != c ? std::move(*compressed) : *compressed;  // its last turn takes it
+      const std::vector<int32_t>& ids = user_turns[u].tokens.ids;
+      const auto tp = clock::now();
+      sl->logits = eng.feed(sl->seq, ids);
+      rep.prefill_ms += ms_since(tp);
+      rep.prefill_tokens += int(ids.size());
+      active.push_back(std::move(sl));
+      return true;
     }
-    const double dms = ms_since(t0);
-    rep.decode_ms += dms;
-    rep.decode_tokens += fed;
-    prog.update("decode", fed, 0, dms / 1000.0, true);
-    rep.turns.push_back({opt.users[u], tok.decode(out), int(out.size())});
+    return false;
+  };
+
+  // Greedy decoding of every admitted turn, in lockstep; a finished turn frees its place for the next one.
+  const auto td = clock::now();
+  int decoded = 0;
+  std::vector<sequence*> step_seqs;
+  std::vector<int32_t> step_tokens;
+  std::vector<slot*> step_slots;
+  for (;;) {
+    while (int(active.size()) < opt.max_batch && admit()) {
+    }
+    if (active.empty()) break;
+    step_seqs.clear(), step_tokens.clear(), step_slots.clear();
+    for (auto it = active.begin(); it != active.end();) {
+      slot& sl = **it;
+      bool done = opt.max_new_tokens == 0;
+      if (!done) {
+        const int32_t next = int32_t(std::max_element(sl.logits.begin(), sl.logits.end()) - sl.logits.begin());
+        if (stops.contains(next)) {
+          done = true;
+        } else {
+          sl.out.push_back(next);
+          done = int(sl.out.size()) == opt.max_new_tokens;  // its logits would not be used
+          if (!done) {
+            step_seqs.push_back(&sl.seq);
+            step_tokens.push_back(next);
+            step_slots.push_back(&sl);
+          }
+        }
+      }
+      if (done) {
+        finish(sl);
+        it = active.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (step_seqs.empty()) continue;
+    const auto ts = clock::now();
+    const std::vector<float> logits = eng.decode(step_seqs, step_tokens);
+    const double share = ms_since(ts) / double(step_slots.size());
+    for (size_t i = 0; i < step_slots.size(); ++i) {
+      slot& sl = *step_slots[i];
+      sl.logits.assign(logits.begin() + std::ptrdiff_t(i * size_t(hp.n_vocab)),
+                       logits.begin() + std::ptrdiff_t((i + 1) * size_t(hp.n_vocab)));
+      sl.decode_ms += share;
+      ++sl.fed;
+    }
+    decoded += int(step_slots.size());
+    if (decoded % 64 < int(step_slots.size())) prog.update("decode", decoded, 0, ms_since(td) / 1000.0, false);
   }
-  rep.options = std::move(opt);
-  return rep;
+  prog.update("decode", decoded, 0, ms_since(td) / 1000.0, true);
+
+  for (size_t c = 0; c < configs.size(); ++c) {
+    reps[c].options = opt;
+    reps[c].options.compress = configs[c].compress;
+    reps[c].options.whitelist = configs[c].whitelist;
+    reps[c].options.configs.clear();
+  }
+  return reps;
+}
+
+}  // namespace detail
+
+// One configuration (opt.compress, opt.whitelist): throws if it cannot run.
+inline run_report run_session(runner_options opt) {
+  std::vector<compress_config> one{{opt.compress, opt.whitelist}};
+  return std::move(detail::run_configs(std::move(opt), std::move(one), /*strict=*/true).front());
+}
+
+// Every configuration of opt.configs from one prefill of the system turn; a configuration that cannot be
+// compressed reports its error and the others still run. Invalid options (policy names, ratios) throw first.
+inline std::vector<run_report> run_sweep(runner_options opt) {
+  std::vector<compress_config> configs = std::move(opt.configs);
+  return detail::run_configs(std::move(opt), std::move(configs), /*strict=*/false);
 }
 
 inline std::string to_json(const run_report& r) {
@@ -325,8 +473,9 @@ inline std::string to_json(const run_report& r) {
        ", \"compress\": " + number(r.compress_ms) + ", \"decode\": " + number(r.decode_ms) + "},\n";
   s += "  \"prefill_tokens\": " + std::to_string(r.prefill_tokens) + ",\n";
   s += "  \"decode_tokens\": " + std::to_string(r.decode_tokens) + ",\n";
-  s += "  \"threads\": " + std::to_string(r.threads) + "\n";
-  s += "}\n";
+  s += "  \"threads\": " + std::to_string(r.threads);
+  if (!r.error.empty()) s += ",\n  \"error\": " + quote(r.error);
+  s += "\n}\n";
   return s;
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end check of the fairkv-llama CLI through its --json report (what the pitfalls harness parses):
 the RUNNER_SPEC fields exist, ratio 0 gives the uncompressed answer, and with --fair every segment keeps its
-share within one token (mean over layers and heads, and in every layer).
+share within one token (mean over layers and heads, and in every layer); a --config sweep reports, per
+configuration, exactly what a run of it alone reports, and an infeasible configuration only its error.
 
 usage: check_cli_json.py <fairkv-llama binary> <source dir>
 Exit 77 (ctest SKIP) when the model is not installed, unless FAIRKV_REQUIRE_MODEL=1.
@@ -20,10 +21,11 @@ KEYS = ["model", "policy", "ratio", "window", "fair", "selector", "whitelist", "
         "n_kv_heads", "segments", "kept_per_layer", "turns", "timings_ms", "prefill_tokens", "decode_tokens"]
 
 
-def run(binary, *args):
+def run(binary, *args, users=(USER,)):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "out.json")
-        subprocess.run([binary, "--system", SYSTEM, "--user", USER, "--max-new-tokens", "12", "--threads", "2",
+        user_args = [a for u in users for a in ("--user", u)]
+        subprocess.run([binary, "--system", SYSTEM, *user_args, "--max-new-tokens", "12", "--threads", "2",
                         "--quiet", "--json", out, *args], check=True, stdout=subprocess.DEVNULL)
         with open(out, encoding="utf-8") as f:
             return json.load(f)
@@ -59,6 +61,23 @@ def main():
             for layer in r["kept_per_layer"]:
                 assert abs(layer[i] * s["tokens"] - target) <= 1.0, (ratio, i, layer)
         print(f"ratio {ratio}: " + ", ".join(f"{s['name']} kept {s['kept']:.2f}/{s['tokens']}" for s in r["segments"]))
+
+    # A sweep: one invocation, three configurations (one of them infeasible), two user turns.
+    users = (USER, "Where is my order?")
+    configs = [["--policy", "tova", "--ratio", "0.5", "--fair"],
+               ["--policy", "h2o", "--ratio", "0.95", "--whitelist", SYSTEM[15:120]],
+               ["--policy", "knorm", "--ratio", "0.7", "--whitelist", "SAVE20"]]
+    sweep = run(binary, "--model", model, "--max-batch", "3",
+                *[a for c in configs for a in ["--config", *c]], users=users)
+    assert isinstance(sweep, list) and len(sweep) == 3, sweep
+    assert "whitelist" in sweep[1]["error"] and sweep[1]["turns"] == [], sweep[1]
+    for i in (0, 2):
+        alone = run(binary, "--model", model, *configs[i], users=users)
+        assert "error" not in sweep[i]
+        for k in ("policy", "ratio", "fair", "whitelist", "segments", "kept_per_layer"):
+            assert sweep[i][k] == alone[k], (i, k, sweep[i][k], alone[k])
+        assert [t["answer"] for t in sweep[i]["turns"]] == [t["answer"] for t in alone["turns"]], (i, sweep[i])
+    print("sweep: 2 configurations equal to their runs alone, the infeasible one reported:", sweep[1]["error"][:80])
     print("OK: fairkv-llama --json report checked")
     return 0
 

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <map>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -226,4 +228,81 @@ TEST_CASE("forward: ragged per-head lengths: each KV head attends to exactly its
   }
   CHECK(finite);
   CHECK(md == 0.0);
+}
+
+TEST_CASE("forward: a batched decode step gives every sequence the logits it gets alone, bit for bit") {
+  const std::string path = llama::test::default_model_path();
+  if (llama::test::model_missing(path)) {
+    MESSAGE("SKIPPED: default model not installed");
+    std::printf("[fairkv_llama_tests] SKIPPED batched decode test: model not installed\n");
+    return;
+  }
+  const auto ref = load_reference();
+  REQUIRE(ref.size() >= 2);
+  const llama::model m = llama::model::load(path);
+  llama::engine eng(m, 0, {.threads = 2});
+  // Seven sequences: two prompts, forks of them at other lengths, and one with ragged heads (head h of
+  // layer l lost h + l % 2 tokens), so the batch mixes lengths, positions and per-head counts; 7 is not a
+  // multiple of the rows a weight block is shared by, so both kernels run.
+  std::vector<llama::sequence> seqs;
+  for (const auto& p : {ref[0], ref[1]}) {
+    llama::sequence s = eng.make_sequence(128);
+    eng.feed(s, p.ids);
+    seqs.push_back(s);
+    llama::sequence shorter = eng.make_sequence(128);
+    eng.feed(shorter, std::span<const int32_t>(p.ids).first(p.ids.size() / 2));
+    seqs.push_back(shorter);
+  }
+  seqs.push_back(seqs[0]);
+  seqs.push_back(seqs[2]);
+  {
+    llama::sequence r = seqs[0];
+    for (int l = 0; l < r.cache.n_layers(); ++l)
+      for (int h = 0; h < r.cache.n_kv_heads(); ++h) {
+        const int drop = h + l % 2, len = r.cache.layer(l).len[size_t(h)];
+        for (int t = 3; t + drop < len; ++t) {
+          std::copy_n(r.cache.k_row(l, h, t + drop), r.cache.head_dim(), r.cache.k_row(l, h, t));
+          std::copy_n(r.cache.v_row(l, h, t + drop), r.cache.head_dim(), r.cache.v_row(l, h, t));
+        }
+        r.cache.layer(l).len[size_t(h)] = len - drop;
+      }
+    seqs.push_back(r);
+  }
+  std::vector<llama::sequence> alone = seqs;
+  std::vector<llama::sequence*> ptrs;
+  for (auto& s : seqs) ptrs.push_back(&s);
+  const int V = eng.hp().n_vocab;
+  std::vector<int32_t> tokens(seqs.size());
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(100 + 37 * i);
+  size_t mismatches = 0;
+  for (int step = 0; step < 6; ++step) {
+    const std::vector<float> batch = eng.decode(ptrs, tokens);
+    REQUIRE(batch.size() == seqs.size() * size_t(V));
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const std::vector<float> one = eng.feed(alone[i], std::span<const int32_t>(&tokens[i], 1));
+      if (std::memcmp(one.data(), batch.data() + i * size_t(V), size_t(V) * sizeof(float)) != 0) ++mismatches;
+      CHECK(seqs[i].n_past == alone[i].n_past);
+      CHECK(seqs[i].cache.lengths() == alone[i].cache.lengths());
+      // The next input: this sequence's greedy token.
+      tokens[i] = int32_t(std::max_element(one.begin(), one.end()) - one.begin());
+    }
+  }
+  CHECK(mismatches == 0);
+
+  SUBCASE("invalid batches are refused before anything is appended") {
+    const auto lens = seqs[0].cache.lengths();
+    std::vector<llama::sequence*> twice{&seqs[0], &seqs[0]};
+    const std::vector<int32_t> two{1, 2};
+    CHECK_THROWS_WITH(eng.decode(twice, two), doctest::Contains("appears twice"));
+    CHECK_THROWS_WITH(eng.decode(std::span<llama::sequence* const>(ptrs).first(2), std::span<const int32_t>(two).first(1)),
+                      doctest::Contains("one token per sequence"));
+    const std::vector<int32_t> bad{1, V};
+    std::vector<llama::sequence*> pair{&seqs[0], &seqs[1]};
+    CHECK_THROWS_WITH(eng.decode(pair, bad), doctest::Contains("outside the vocabulary"));
+    llama::sequence full = eng.make_sequence(int(ref[0].ids.size()));
+    eng.feed(full, ref[0].ids);
+    std::vector<llama::sequence*> with_full{&seqs[0], &full};
+    CHECK_THROWS_WITH(eng.decode(with_full, two), doctest::Contains("KV cache full"));
+    CHECK(seqs[0].cache.lengths() == lens);
+  }
 }

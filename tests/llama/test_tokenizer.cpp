@@ -9,12 +9,15 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "chat.hpp"
 #include "gguf.hpp"
 #include "gguf_test_writer.hpp"
+#include "json.hpp"
 #include "tokenizer.hpp"
+#include "utf8.hpp"
 
 using llama::byte_range;
 using llama::tokenizer;
@@ -454,4 +457,27 @@ TEST_CASE("chat: ChatML turns, content token ranges, stop tokens") {
     CHECK(s.tokens.ids.size() - s.content_last >= 2);       // <|im_end|> and "\n" come last
     CHECK(s.tokens.ids[s.tokens.ids.size() - 2] == stop.im_end);
   }
+}
+
+TEST_CASE("utf8: ill-formed sequences become U+FFFD per maximal subpart, as Python's errors='replace'") {
+  // Expected values: bytes.decode("utf-8", errors="replace") in CPython 3.11.
+  const std::string r = "\xEF\xBF\xBD";
+  const std::pair<std::string, std::string> cases[] = {
+      {"a\xE2\x82" "b", "a" + r + "b"},            // truncated 3-byte sequence: one replacement
+      {"\xF0\x9F\x98", r},                          // an emoji cut after 3 of its 4 bytes
+      {"\xC0\xAF", r + r},                          // overlong lead, then a lone continuation byte
+      {"\xED\xA0\x80", r + r + r},                  // a surrogate: ED's second byte must be 80..9F
+      {"\xE2(\xA1", r + "(" + r},
+      {"\xF4\x90\x80\x80", r + r + r + r},          // above U+10FFFF
+      {"\xE0\x80\xAF", r + r + r},                  // overlong 3-byte
+      {"ok \xE2\x82\xAC \xD1", "ok \xE2\x82\xAC " + r},  // valid euro sign, a cut 2-byte sequence at the end
+      {"\xF0\x9F\x98\x80!", "\xF0\x9F\x98\x80!"},   // well-formed input is unchanged
+      {"", ""},
+  };
+  for (const auto& [in, want] : cases) {
+    CAPTURE(in);
+    CHECK(llama::unicode::to_valid_utf8(in) == want);
+  }
+  // The JSON writer never emits ill-formed UTF-8 (a report with such an answer must still parse).
+  CHECK(llama::json::quote("x\xD1") == "\"x" + r + "\"");
 }
