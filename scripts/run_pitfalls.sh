@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the pitfalls harness's Python dependencies and run the small subset with fairkv-llama, then
 # aggregate into docs/results.md, docs/data/pitfalls_report.md and docs/img/pitfalls_*.png.
-#   scripts/run_pitfalls.sh                  # 20 items, ratios 0,0.5,0.9 (resumable)
+#   scripts/run_pitfalls.sh                  # 20 items, ratios 0,0.5,0.9 (resumable; ~50 min on 2 cores)
+#   scripts/run_pitfalls.sh --quick          # 4 items, same configurations, results/pitfalls_quick.jsonl (~10 min)
 #   scripts/run_pitfalls.sh --full           # the whole sweep into results/pitfalls_full.jsonl
 #   FAIRKV_LLAMA=/path/to/fairkv-llama scripts/run_pitfalls.sh --policies snapkv --jobs 2
 # Extra arguments go to `python3 -m tools.pitfalls run`.
@@ -23,12 +24,15 @@ if [[ -z "${FAIRKV_LLAMA:-}" ]] && ! ls build*/examples/llama/fairkv-llama >/dev
 fi
 
 "$PY" -m tools.pitfalls check
-full=0
-for a in "$@"; do [[ "$a" == --full ]] && full=1; done
+mode=small
+for a in "$@"; do
+  [[ "$a" == --full ]] && mode=full
+  [[ "$a" == --quick ]] && mode=quick
+done
 "$PY" -m tools.pitfalls run "$@"
-if [[ $full == 1 ]]; then
-  "$PY" -m tools.pitfalls report results/pitfalls_full.jsonl --md-out results/pitfalls_full_report.md \
-    --img-dir results/img --results-md ''
+if [[ $mode != small ]]; then
+  "$PY" -m tools.pitfalls report "results/pitfalls_$mode.jsonl" --md-out "results/pitfalls_${mode}_report.md" \
+    --img-dir "results/img_$mode" --results-md ''
 else
   "$PY" -m tools.pitfalls report
 fi

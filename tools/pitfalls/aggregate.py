@@ -183,21 +183,30 @@ def kept_table(g: dict, ax: dict, defense: str) -> str:
     return _table(["policy", "variant"] + [f"{q:g} (def / instr)" for q in ax["ratio"]], rows)
 
 
-def overhead_table(g: dict, ax: dict) -> str:
-    """Compression and decode time per variant, mean over defenses and ratios > 0, relative to plain."""
+def overhead_table(records: list[dict]) -> str:
+    """Compression time and decode time per token by policy and variant (medians over the answered runs with
+    ratio > 0), relative to plain. Only runs timed alone (`python3 -m tools.pitfalls overhead`) belong here:
+    in a sweep the decode steps are shared between configurations."""
+    by: dict[tuple, list[dict]] = defaultdict(list)
+    ok = ok_records(records)
+    for r in ok:
+        if float(r["ratio"]) > 0:
+            by[(r["policy"], variant_label(r))].append(r)
+    ax = axes(ok) if ok else {"policy": [], "variant": []}
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    rel = lambda a, b: "–" if a is None or not b else f"{100.0 * (a / b - 1.0):+.1f}%"  # noqa: E731
     rows = []
     for p in ax["policy"]:
-        base = None
-        for v in ax["variant"]:
-            cs = [g[(d, p, v, q)] for d in ax["defense"] for q in ax["ratio"] if q > 0]
-            comp = _mean([c.get("compress_ms") for c in cs])
-            dec = _mean([c.get("decode_ms_per_token") for c in cs])
+        base = (None, None)
+        for v in [x for x in ax["variant"] if (p, x) in by]:
+            rs = by[(p, v)]
+            comp = med([r["timings_ms"]["compress"] for r in rs if r.get("timings_ms", {}).get("compress") is not None])
+            dec = med([r["timings_ms"]["decode"] / r["decode_tokens"] for r in rs
+                       if r.get("decode_tokens") and r.get("timings_ms", {}).get("decode") is not None])
             if v == "plain":
                 base = (comp, dec)
-            rel = lambda a, b: "–" if a is None or not b else f"{100.0 * (a / b - 1.0):+.1f}%"  # noqa: E731
-            rows.append([p, v, fmt(comp, 2), rel(comp, base[0] if base else None), fmt(dec, 2),
-                         rel(dec, base[1] if base else None)])
-    return _table(["policy", "variant", "compress ms", "vs plain", "decode ms/token", "vs plain"], rows)
+            rows.append([p, v, str(len(rs)), fmt(comp, 2), rel(comp, base[0]), fmt(dec, 2), rel(dec, base[1])])
+    return _table(["policy", "variant", "runs", "compress ms", "vs plain", "decode ms/token", "vs plain"], rows)
 
 
 def summary_table(g: dict, ax: dict) -> str:
@@ -240,7 +249,7 @@ def class_table(records: list[dict]) -> str:
     return _table(["items", "class"] + [f"{q:g}" for q in ratios], rows)
 
 
-def report_markdown(records_all: list[dict]) -> str:
+def report_markdown(records_all: list[dict], overhead_records: list[dict] | None = None) -> str:
     recs = ok_records(records_all)
     if not recs:
         return "_No completed runs in the JSONL._\n"
@@ -270,7 +279,13 @@ def report_markdown(records_all: list[dict]) -> str:
     rho = "–" if dc["rho"] is None else f"{dc['rho']:.3f} (p = {dc['p']:.3f})"
     out += [f"Spearman rank correlation of per-class accuracy drop (ratio 0 → {dc['hi_ratio']}), single vs "
             f"multi-instruction items: rho = {rho} over {dc['n_classes']} classes.", ""]
-    out += ["#### Overhead (mean over defenses and ratios > 0)", "", overhead_table(g, ax), ""]
+    if overhead_records:
+        n_items = len({r["key"] for r in ok_records(overhead_records)})
+        reps = len({r.get("rep") for r in overhead_records})
+        out += [f"#### Overhead: each configuration run alone ({n_items} items x {reps} repetitions, medians; "
+                "`python3 -m tools.pitfalls overhead`)", "", overhead_table(overhead_records), ""]
+    else:
+        out += ["#### Overhead", "", "_Not measured: run `python3 -m tools.pitfalls overhead`._", ""]
     if inf:
         by = defaultdict(int)
         for r in inf:

@@ -13,6 +13,9 @@ from .runner import Request, RunnerError, find_runner, run as run_runner
 
 SMALL_OUT = REPO_ROOT / "docs" / "data" / "pitfalls_small.jsonl"
 FULL_OUT = REPO_ROOT / "results" / "pitfalls_full.jsonl"
+QUICK_OUT = REPO_ROOT / "results" / "pitfalls_quick.jsonl"
+OVERHEAD_OUT = REPO_ROOT / "docs" / "data" / "pitfalls_overhead.jsonl"
+QUICK_ITEMS = 4
 FULL_RATIOS = [round(0.1 * i, 1) for i in range(10)]
 BEGIN, END = "<!-- BEGIN GENERATED: python3 -m tools.pitfalls report -->", "<!-- END GENERATED -->"
 
@@ -45,7 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run the sweep (resumable; one JSON line per runner invocation)")
     r.add_argument("--subset", type=int, default=20, help="items: half single-, half multi-instruction (default 20)")
-    r.add_argument("--full", action="store_true", help="all 538 items, ratios 0.0..0.9, into results/")
+    r.add_argument("--full", action="store_true", help="all 539 items, ratios 0.0..0.9, into results/")
+    r.add_argument("--quick", action="store_true",
+                   help=f"{QUICK_ITEMS} items (2 single-, 2 multi-instruction), everything else as the default, "
+                        f"into {QUICK_OUT.relative_to(REPO_ROOT)}: ~10 min on a 2-core machine")
     r.add_argument("--ratios", type=_ratios, default=None, help="comma list (default 0,0.5,0.9)")
     r.add_argument("--policies", type=_choices(harness.POLICIES), default=list(harness.POLICIES))
     r.add_argument("--variants", type=_choices(harness.VARIANTS), default=list(harness.VARIANTS))
@@ -61,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-new-tokens", type=int, default=128)
     r.add_argument("--window", type=int, default=16, help="snapkv observation window (the paper: 16)")
     r.add_argument("--threads", type=int, default=2, help="runner threads per invocation")
-    r.add_argument("--jobs", type=int, default=1, help="runner invocations in parallel")
+    r.add_argument("--jobs", type=int, default=1, help="runner invocations (one per system prompt) in parallel")
+    r.add_argument("--max-batch", type=int, default=64,
+                   help="answers the runner decodes together (speed only: each answer is bit-identical to a run "
+                        "of its configuration alone)")
     r.add_argument("--seed", type=int, default=0, help="subset draw")
     r.add_argument("--limit", type=int, default=None, help="run at most this many pending runs, then stop")
     r.add_argument("--data-dir", type=Path, default=None)
@@ -74,9 +83,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--md-out", type=Path, default=REPO_ROOT / "docs" / "data" / "pitfalls_report.md")
     p.add_argument("--results-md", type=Path, default=REPO_ROOT / "docs" / "results.md",
                    help="replace the generated block of this file (between its BEGIN/END markers)")
+    p.add_argument("--overhead", type=Path, default=OVERHEAD_OUT,
+                   help="JSONL of `overhead` for the overhead table (default: docs/data/pitfalls_overhead.jsonl)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--all-items", action="store_true",
                    help="also use items that lack some configurations (default: only complete items)")
+
+    o = sub.add_parser("overhead", help="time plain / whitelist / fair / fair+whitelist, each configuration run "
+                                        "alone (a sweep shares decode steps), interleaved and repeated")
+    o.add_argument("--subset", type=int, default=2, help="items (default 2)")
+    o.add_argument("--repeat", type=int, default=3, help="rounds over every configuration (default 3)")
+    o.add_argument("--ratio", type=float, default=0.5)
+    o.add_argument("--defense", choices=("standard", "flipped"), default="standard")
+    o.add_argument("--policies", type=_choices(harness.POLICIES), default=list(harness.POLICIES))
+    o.add_argument("--variants", type=_choices(harness.VARIANTS), default=list(harness.VARIANTS))
+    o.add_argument("--max-new-tokens", type=int, default=128)
+    o.add_argument("--threads", type=int, default=2)
+    o.add_argument("--runner", default=None)
+    o.add_argument("--model", default=None)
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--data-dir", type=Path, default=None)
+    o.add_argument("--out", type=Path, default=OVERHEAD_OUT, help="JSONL, overwritten")
+    o.add_argument("--no-progress", action="store_true")
 
     c = sub.add_parser("check", help="is the runner there, and does --policy none answer?")
     c.add_argument("--runner", default=None)
@@ -88,16 +116,22 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_run(a) -> int:
     data_dir = a.data_dir or data.default_data_dir()
     items = data.load_items(data_dir)
-    subset = items if a.full else data.pick_subset(items, a.subset, a.seed)
+    if a.full and a.quick:
+        print("error: --full and --quick exclude each other", file=sys.stderr)
+        return 2
+    subset = items if a.full else data.pick_subset(items, QUICK_ITEMS if a.quick else a.subset, a.seed)
     ratios = a.ratios or (FULL_RATIOS if a.full else [0.0, 0.5, 0.9])
-    out = a.out or (FULL_OUT if a.full else SMALL_OUT)
+    out = a.out or (FULL_OUT if a.full else QUICK_OUT if a.quick else SMALL_OUT)
     runs = harness.plan(subset, data.load_defenses(data_dir), a.defenses, a.policies, a.variants, ratios)
     s = harness.Settings(window=a.window, max_new_tokens=a.max_new_tokens, threads=a.threads,
-                         whitelist_mode=a.whitelist_mode, model=a.model)
-    pending = [x for x in runs if x.run_id(s) not in harness.done_ids(out)]
+                         whitelist_mode=a.whitelist_mode, model=a.model, max_batch=a.max_batch)
+    done = harness.done_ids(out)
+    pending = [x for x in runs if x.run_id(s) not in done]
     print(f"plan: {len(subset)} items x {len(a.defenses)} defenses, ratios {ratios}: {len(runs)} runs, "
           f"{len(runs) - len(pending)} already in {out}", file=sys.stderr)
-    walls = [r["wall_s"] for r in harness.read_jsonl(out) if r.get("status") == "ok" and r.get("wall_s")]
+    # Runs of sweeps (one invocation per system prompt) carry their share of the invocation's wall time.
+    done_recs = [r for r in harness.read_jsonl(out) if r.get("status") == "ok" and r.get("wall_s")]
+    walls = [r["wall_s"] for r in done_recs if r.get("invocation_configs")] or [r["wall_s"] for r in done_recs]
     if walls and pending:
         mean = sum(walls) / len(walls)
         print(f"estimate: {len(pending)} pending runs x {mean:.1f} s (mean of {len(walls)} done) = "
@@ -126,7 +160,8 @@ def cmd_report(a) -> int:
         if dropped:
             print(f"left out {len(dropped)} items without every configuration (stopped part-way): {dropped}",
                   file=sys.stderr)
-    md = aggregate.report_markdown(records)
+    overhead = harness.read_jsonl(a.overhead) if a.overhead else []
+    md = aggregate.report_markdown(records, overhead)
     a.md_out.parent.mkdir(parents=True, exist_ok=True)
     a.md_out.write_text(md + "\n", encoding="utf-8")
     print(f"wrote {a.md_out}", file=sys.stderr)
@@ -141,6 +176,58 @@ def cmd_report(a) -> int:
             a.results_md.write_text(f"{head}{BEGIN}\n{md}\n{END}{tail}", encoding="utf-8")
             print(f"updated {a.results_md}", file=sys.stderr)
     return 0
+
+
+def cmd_overhead(a) -> int:
+    """Each configuration alone (one runner invocation), in interleaved rounds so that a change in the machine's
+    load during the measurement hits every variant alike."""
+    data_dir = a.data_dir or data.default_data_dir()
+    items = data.pick_subset(data.load_items(data_dir), a.subset, a.seed)
+    runs = harness.plan(items, data.load_defenses(data_dir), [a.defense], a.policies, a.variants, [a.ratio])
+    runs = [r for r in runs if r.ratio > 0]
+    binary = find_runner(a.runner)
+    if binary is None or not binary.is_file():
+        print("error: fairkv-llama not found (see `run`)", file=sys.stderr)
+        return 2
+    s = harness.Settings(max_new_tokens=a.max_new_tokens, threads=a.threads, model=a.model)
+    attack = data.load_attack(data_dir)
+    total = len(runs) * a.repeat
+    print(f"overhead: {len(items)} items x {len(a.policies)} policies x {len(a.variants)} variants at ratio "
+          f"{a.ratio:g}, {a.repeat} rounds: {total} runner invocations", file=sys.stderr)
+    bar = None
+    if not a.no_progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, unit="run", dynamic_ncols=True, file=sys.stderr)
+        except ImportError:
+            pass
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    errors = 0
+    with open(a.out, "w", encoding="utf-8") as f:
+        for rep in range(a.repeat):
+            for run in runs:
+                req = harness.request_for(run, attack, s)
+                rec = harness.base_record(run, req, s)
+                rec["rep"] = rep
+                rec["run_id"] += f"|rep{rep}"   # every repetition is a record of its own
+                try:
+                    doc, wall = run_runner(binary, req)
+                    rec.update(status="ok", wall_s=round(wall, 3), timings_ms=doc.get("timings_ms", {}),
+                               decode_tokens=doc.get("decode_tokens"), prefill_tokens=doc.get("prefill_tokens"),
+                               system_tokens=doc.get("system_tokens"), threads=doc.get("threads"))
+                except (RunnerError, OSError) as e:
+                    errors += 1
+                    rec.update(status="error", error=str(e)[:500])
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                f.flush()
+                if bar is not None:
+                    bar.update(1)
+    if bar is not None:
+        bar.close()
+    print(aggregate.overhead_table(harness.read_jsonl(a.out)))
+    print(f"wrote {a.out}", file=sys.stderr)
+    return 0 if errors == 0 else 1
 
 
 def cmd_check(a) -> int:
@@ -163,4 +250,4 @@ def cmd_check(a) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    return {"run": cmd_run, "report": cmd_report, "check": cmd_check}[a.cmd](a)
+    return {"run": cmd_run, "report": cmd_report, "overhead": cmd_overhead, "check": cmd_check}[a.cmd](a)

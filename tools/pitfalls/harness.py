@@ -12,7 +12,7 @@ from typing import Callable, Iterable
 
 from . import metrics
 from .data import Item
-from .runner import Request, RunnerError, is_budget_error
+from .runner import Config, Request, RunnerError, SweepRequest, is_budget_error
 from .segments import SystemTurn, build_system_turn, whitelist_phrases
 
 POLICIES = ("knorm", "streaming_llm", "snapkv", "tova", "h2o")
@@ -27,6 +27,7 @@ class Settings:
     threads: int = 2
     whitelist_mode: str = "refusal"   # see segments.whitelist_phrases and docs/results.md
     model: str | None = None
+    max_batch: int = 64               # answers the runner decodes together (results do not depend on it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +72,26 @@ def request_for(run: Run, attack: str, s: Settings) -> Request:
     return Request(system_marked=run.turn.marked, users=(attack, run.item.user), policy=run.policy,
                    ratio=run.ratio, fair=run.variant.startswith("fair"), whitelist=wl, window=s.window,
                    max_new_tokens=s.max_new_tokens, threads=s.threads, model=s.model)
+
+
+def config_for(run: Run, s: Settings) -> Config:
+    r = request_for(run, "", s)
+    return Config(policy=r.policy, ratio=r.ratio, fair=r.fair, whitelist=r.whitelist)
+
+
+def groups(runs: Iterable[Run]) -> list[list[Run]]:
+    """Runs of the same system prompt (item and defense order), in plan order: one runner invocation each."""
+    by: dict[tuple, list[Run]] = {}
+    for r in runs:
+        by.setdefault((r.item.key, r.turn.defense, r.turn.marked), []).append(r)
+    return list(by.values())
+
+
+def sweep_request_for(group: list[Run], attack: str, s: Settings) -> SweepRequest:
+    first = group[0]
+    return SweepRequest(system_marked=first.turn.marked, users=(attack, first.item.user),
+                        configs=tuple(config_for(r, s) for r in group), window=s.window,
+                        max_new_tokens=s.max_new_tokens, threads=s.threads, max_batch=s.max_batch, model=s.model)
 
 
 def base_record(run: Run, req: Request, s: Settings) -> dict:
@@ -129,19 +150,20 @@ def done_ids(path: Path) -> set[str]:
     return {r["run_id"] for r in read_jsonl(path) if r.get("status") in ("ok", "infeasible")}
 
 
-RunFn = Callable[[Path, Request], tuple[dict, float]]
+SweepFn = Callable[[Path, SweepRequest], tuple[list, float]]
 
 
 def execute(runs: list[Run], out: Path, binary: Path, attack: str, s: Settings, jobs: int = 1,
-            run_fn: RunFn | None = None, progress: bool = True) -> dict:
-    """Run what is not yet in `out`, appending one JSON line per run as soon as it finishes."""
+            run_fn: SweepFn | None = None, progress: bool = True) -> dict:
+    """Run what is not yet in `out`: one runner invocation per system prompt (all its pending configurations),
+    appending one JSON line per run as soon as its invocation finishes."""
     from . import runner as runner_mod
 
-    run_fn = run_fn or runner_mod.run
+    run_fn = run_fn or runner_mod.run_sweep
     done = done_ids(out)
     todo = [r for r in runs if r.run_id(s) not in done]
     stats = {"planned": len(runs), "skipped": len(runs) - len(todo), "ok": 0, "infeasible": 0, "error": 0,
-             "wall_s": 0.0}
+             "invocations": 0, "wall_s": 0.0}
     out.parent.mkdir(parents=True, exist_ok=True)
     lock = threading.Lock()
     bar = None
@@ -154,30 +176,50 @@ def execute(runs: list[Run], out: Path, binary: Path, attack: str, s: Settings, 
             bar = None
     t_start = time.perf_counter()
 
-    def one(run: Run) -> dict:
-        req = request_for(run, attack, s)
-        rec = base_record(run, req, s)
-        try:
-            doc, wall = run_fn(binary, req)
-            rec.update(score(run, doc))
-            rec.update(status="ok", wall_s=round(wall, 3))
-        except RunnerError as e:
-            rec.update(status="infeasible" if is_budget_error(e) else "error", error=str(e)[:500])
-        except Exception as e:  # noqa: BLE001 - a timeout or an unreadable document fails this run only
-            rec.update(status="error", error=f"{type(e).__name__}: {e}"[:500])
+    def finished(rec: dict) -> dict:
         rec["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         return rec
 
+    def failed(rec: dict, e: Exception) -> dict:
+        if isinstance(e, RunnerError):
+            rec.update(status="infeasible" if is_budget_error(e) else "error", error=str(e)[:500])
+        else:  # a timeout or an unreadable document fails these runs only
+            rec.update(status="error", error=f"{type(e).__name__}: {e}"[:500])
+        return finished(rec)
+
+    def one_group(group: list[Run]) -> list[dict]:
+        recs = [base_record(r, request_for(r, attack, s), s) for r in group]
+        try:
+            results, wall = run_fn(binary, sweep_request_for(group, attack, s))
+        except Exception as e:  # noqa: BLE001 - the whole invocation failed
+            return [failed(rec, e) for rec in recs]
+        share = round(wall / len(group), 3)
+        for run, rec, res in zip(group, recs, results):
+            if isinstance(res, Exception):
+                failed(rec, res)
+                continue
+            try:
+                rec.update(score(run, res))
+                rec.update(status="ok", wall_s=share, invocation_wall_s=round(wall, 3),
+                           invocation_configs=len(group))
+            except Exception as e:  # noqa: BLE001 - an unreadable document fails this run only
+                failed(rec, e)
+                continue
+            finished(rec)
+        return recs
+
     with open(out, "a", encoding="utf-8") as f, cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(one, r) for r in todo]
+        futures = [pool.submit(one_group, g) for g in groups(todo)]
         for fut in cf.as_completed(futures):
-            rec = fut.result()
+            recs = fut.result()
             with lock:
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                for rec in recs:
+                    f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                    stats[rec["status"]] += 1
                 f.flush()
-                stats[rec["status"]] += 1
+                stats["invocations"] += 1
                 if bar is not None:
-                    bar.update(1)
+                    bar.update(len(recs))
                     bar.set_postfix(ok=stats["ok"], err=stats["error"], inf=stats["infeasible"])
     if bar is not None:
         bar.close()

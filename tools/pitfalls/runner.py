@@ -1,4 +1,8 @@
-"""One invocation of the bundled Llama runner (fairkv-llama; CLI and --json schema: RUNNER_SPEC)."""
+"""Invocations of the bundled Llama runner (fairkv-llama; CLI and --json schema: docs/llama-runner.md).
+
+`run` is one configuration; `run_sweep` is many configurations of one system prompt in one invocation
+(`--config` groups): the runner prefills the prompt once and decodes every answer in one batch, each answer
+bit-identical to what `run` gives for that configuration."""
 from __future__ import annotations
 
 import dataclasses
@@ -43,6 +47,26 @@ class Request:
     model: str | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Config:
+    policy: str
+    ratio: float
+    fair: bool
+    whitelist: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepRequest:
+    system_marked: str
+    users: tuple[str, ...]
+    configs: tuple[Config, ...]
+    window: int = 16
+    max_new_tokens: int = 128
+    threads: int = 2
+    max_batch: int = 64
+    model: str | None = None
+
+
 class RunnerError(RuntimeError):
     def __init__(self, message: str, returncode: int, stderr: str):
         super().__init__(message)
@@ -66,24 +90,68 @@ def command(binary: Path, req: Request, json_path: Path) -> list[str]:
     return cmd
 
 
+def sweep_command(binary: Path, req: SweepRequest, json_path: Path) -> list[str]:
+    cmd = [str(binary), "--system", req.system_marked]
+    for u in req.users:
+        cmd += ["--user", u]
+    cmd += ["--window", str(req.window), "--max-new-tokens", str(req.max_new_tokens), "--threads", str(req.threads),
+            "--max-batch", str(req.max_batch), "--json", str(json_path), "--quiet"]
+    if req.model:
+        cmd += ["--model", req.model]
+    for c in req.configs:
+        cmd += ["--config", "--policy", c.policy, "--ratio", f"{c.ratio:g}"]
+        if c.fair:
+            cmd.append("--fair")
+        for w in c.whitelist:
+            cmd += ["--whitelist", w]
+    return cmd
+
+
+def _invoke(cmd: list[str], json_path: Path, timeout_s: float):
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-5:]
+        raise RunnerError(" | ".join(tail) or f"exit {proc.returncode}", proc.returncode, proc.stderr)
+    try:
+        doc = json.loads(json_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise RunnerError(f"runner wrote no readable --json: {e}", proc.returncode, proc.stderr) from e
+    return doc, wall
+
+
+def _check_turns(doc: dict, n_users: int) -> None:
+    if len(doc.get("turns", [])) != n_users:
+        raise RunnerError(f"runner answered {len(doc.get('turns', []))} of {n_users} turns", 0, "")
+
+
 def run(binary: Path, req: Request, timeout_s: float = 1800.0) -> tuple[dict, float]:
     """Run once; return the parsed --json document and the wall time in seconds."""
     with tempfile.TemporaryDirectory(prefix="pitfalls-") as tmp:
         json_path = Path(tmp) / "out.json"
-        t0 = time.perf_counter()
-        proc = subprocess.run(command(binary, req, json_path), capture_output=True, text=True,
-                              timeout=timeout_s, stdin=subprocess.DEVNULL)
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            tail = proc.stderr.strip().splitlines()[-5:]
-            raise RunnerError(" | ".join(tail) or f"exit {proc.returncode}", proc.returncode, proc.stderr)
-        try:
-            doc = json.loads(json_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            raise RunnerError(f"runner wrote no readable --json: {e}", proc.returncode, proc.stderr) from e
-    if len(doc.get("turns", [])) != len(req.users):
-        raise RunnerError(f"runner answered {len(doc.get('turns', []))} of {len(req.users)} turns", 0, "")
+        doc, wall = _invoke(command(binary, req, json_path), json_path, timeout_s)
+    _check_turns(doc, len(req.users))
     return doc, wall
+
+
+def run_sweep(binary: Path, req: SweepRequest, timeout_s: float = 7200.0) -> tuple[list, float]:
+    """One invocation for every configuration: a list with, per configuration in order, its --json document or
+    a RunnerError (a configuration the runner could not run, e.g. a whitelist over the keep budget)."""
+    with tempfile.TemporaryDirectory(prefix="pitfalls-") as tmp:
+        json_path = Path(tmp) / "out.json"
+        docs, wall = _invoke(sweep_command(binary, req, json_path), json_path, timeout_s)
+    if not isinstance(docs, list) or len(docs) != len(req.configs):
+        raise RunnerError(f"runner reported {len(docs) if isinstance(docs, list) else 'no'} of "
+                          f"{len(req.configs)} configurations", 0, "")
+    out: list = []
+    for doc in docs:
+        if doc.get("error"):
+            out.append(RunnerError(doc["error"], 0, doc["error"]))
+        else:
+            _check_turns(doc, len(req.users))
+            out.append(doc)
+    return out, wall
 
 
 def is_budget_error(err: RunnerError) -> bool:
