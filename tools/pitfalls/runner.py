@@ -115,7 +115,8 @@ def _invoke(cmd: list[str], json_path: Path, timeout_s: float):
         tail = proc.stderr.strip().splitlines()[-5:]
         raise RunnerError(" | ".join(tail) or f"exit {proc.returncode}", proc.returncode, proc.stderr)
     try:
-        doc = json.loads(json_path.read_text(encoding="utf-8"))
+        # fairkv-llama writes well-formed UTF-8; replacing (as it does) keeps one odd byte from failing a sweep.
+        doc = json.loads(json_path.read_text(encoding="utf-8", errors="replace"))
     except (OSError, json.JSONDecodeError) as e:
         raise RunnerError(f"runner wrote no readable --json: {e}", proc.returncode, proc.stderr) from e
     return doc, wall
