@@ -68,6 +68,8 @@ run_checks() {
     step "memcheck (quick parity)" 180 "$san" --tool memcheck --error-exitcode 1 "$tests" --test-suite=cuda_parity
     step "racecheck (compaction)" 90 "$san" --tool racecheck --error-exitcode 1 "$tests" --test-suite=cuda_parity \
       --test-case='*compaction*'
+    step "racecheck (exact selection)" 60 "$san" --tool racecheck --error-exitcode 1 "$tests" --test-suite=cuda_parity \
+      --test-case='*exact scorers*'
     step "synccheck (exact parity)" 120 "$san" --tool synccheck --error-exitcode 1 "$tests" --test-suite=cuda_parity \
       --test-case='*exact scorers*'
     unset FAIRKV_CUDA_QUICK

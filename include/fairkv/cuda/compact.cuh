@@ -117,7 +117,8 @@ template <class Unit, class SideK, class SideV>
 __global__ void __launch_bounds__(compact_threads)
     compact_kernel(keep_plan_view plan, unit_side<Unit, SideK> k, unit_side<Unit, SideV> v, std::int32_t chunk,
                    std::int32_t units, std::int64_t chunks_per_row, compact_state* st, int* flags) {
-  extern __shared__ unsigned char smem_raw[];
+  // 16-byte aligned: the vector path reads and writes it as uint4 (a char array alone promises no alignment).
+  extern __shared__ __align__(16) unsigned char smem_raw[];
   Unit* buf_k = reinterpret_cast<Unit*>(smem_raw);  // [chunk, units]
   Unit* buf_v = buf_k + static_cast<std::int64_t>(chunk) * units;  // [chunk, units]
   __shared__ std::int64_t item;
@@ -219,9 +220,14 @@ template <class T, class SideK, class SideV>
                                     const SideV& v, std::int64_t head_dim, std::int64_t tokens,
                                     cudaStream_t stream) noexcept {
   const std::int64_t row_bytes = head_dim * static_cast<std::int64_t>(sizeof(T));
-  if (2 * row_bytes > 48 * 1024)
+  // Dynamic shared memory of one K and one V row, plus the kernel's static shared memory, within the 48 KiB a
+  // launch gets without opting in.
+  if (2 * row_bytes > 47 * 1024)
     return result::error(status::not_supported, "head_dim = %lld is too large for the compaction kernel",
                          static_cast<long long>(head_dim));
+  if (plan.capacity < 0)
+    return result::error(status::invalid_plan, "plan.capacity = %lld is negative",
+                         static_cast<long long>(plan.capacity));
   const std::int32_t chunk = chunk_rows(row_bytes);
   const std::int64_t cpr = (plan.capacity + chunk - 1) / chunk;
   const std::int64_t items = plan.rows() * cpr;
@@ -239,10 +245,12 @@ template <class T, class SideK, class SideV>
   void* base = align_base(d_temp);
   compact_layout(base, w, items);
   FAIRKV_CUDA_TRY(cudaMemsetAsync(base, 0, needed - 256, stream));
-  if (items == 0) return {};  // no rows or no capacity: nothing can move
+  if (plan.rows() == 0) return {};  // nothing to validate or move
+  // Validated even when nothing can move (capacity 0), so read_compact_status reports a bad plan as the CPU does.
   validate_plan_kernel<<<static_cast<unsigned>(plan.rows()), 256, 0, stream>>>(plan, k, tokens, w.state);
   if constexpr (requires { k.indptr; })
     validate_pages_kernel<<<64, 256, 0, stream>>>(k, w.state);
+  if (items == 0) return from_cuda(cudaGetLastError());
   const bool vec = vector_rows<T>(k) && vector_rows<T>(v);
   using raw = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>;
   if (vec) {

@@ -179,6 +179,15 @@ template <class S, class Sel, class A, class KeySource, class Q>
   if (in.q_heads() > 65535)
     return result::error(status::not_supported, "%lld query heads exceed the CUDA backend's grid limit of 65535",
                          static_cast<long long>(in.q_heads()));
+  // The selection kernels index tokens, slices and tie counts in 32 bits (head_adaptive: token x head pairs of
+  // one group); the CPU allows up to 2^32 / heads.
+  if (L > INT32_MAX - (INT64_C(1) << 20))
+    return result::error(status::not_supported, "%lld tokens exceed the CUDA backend's limit of 2^31 - 2^20",
+                         static_cast<long long>(L));
+  if (Sel::kind == selection_kind::head_adaptive && L * heads > INT32_MAX)
+    return result::error(status::not_supported,
+                         "head_adaptive over %lld tokens x %lld heads exceeds the CUDA backend's 2^31 - 1 candidates",
+                         static_cast<long long>(L), static_cast<long long>(heads));
 
   p.batch = static_cast<std::int32_t>(batch);
   p.heads = static_cast<std::int32_t>(heads);
@@ -285,7 +294,8 @@ template <class S, class T, class Q>
     if (per_block < 1)
       return result::error(status::not_supported, "head_dim = %lld is too large for the key scoring kernel",
                            static_cast<long long>(k.head_dim));
-    const dim3 grid(static_cast<unsigned>((p.tokens + per_block - 1) / per_block), static_cast<unsigned>(rows));
+    const dim3 grid(static_cast<unsigned>((std::int64_t{p.tokens} + per_block - 1) / per_block),
+                    static_cast<unsigned>(rows));
     const std::size_t smem = static_cast<std::size_t>(per_block) * 4u * staged_row_words(k.head_dim, sizeof(T));
     constexpr std::int64_t e = sizeof(T);
     const bool vec = k.stride_dim == 1 && (k.head_dim * e) % 16 == 0 &&
@@ -301,7 +311,7 @@ template <class S, class T, class Q>
                                           static_cast<unsigned>(p.batch)),
                                      attention_threads, 0, stream>>>(a, in, w.stats);
     attention_accumulate_kernel<S::source, T, Q>
-        <<<dim3(static_cast<unsigned>((p.tokens + attention_threads - 1) / attention_threads),
+        <<<dim3(static_cast<unsigned>((std::int64_t{p.tokens} + attention_threads - 1) / attention_threads),
                 static_cast<unsigned>(a.q_heads), static_cast<unsigned>(p.batch)),
            attention_threads, 0, stream>>>(a, in, w.stats, w.acc);
     attention_finalize_kernel<S::source>
@@ -388,7 +398,7 @@ template <class S, class Sel, class A, class KeySource, class Q>
     static_assert(dependent_false<Sel>, "fairkv::cuda::plan: unknown selection_kind");
   }
   const bool shared_mask = Sel::kind == selection_kind::union_heads;
-  const dim3 emit_grid(static_cast<unsigned>((p.tokens + detail::emit_chunk - 1) / detail::emit_chunk),
+  const dim3 emit_grid(static_cast<unsigned>((std::int64_t{p.tokens} + detail::emit_chunk - 1) / detail::emit_chunk),
                        static_cast<unsigned>(rows));
   detail::emit_count_kernel<><<<emit_grid, detail::emit_threads, 0, stream>>>(w.keep, p.heads, p.tokens, shared_mask,
                                                                               w.chunk_counts);

@@ -66,7 +66,8 @@ __device__ inline void walk_histogram(select_smem& s, unsigned target, bool top)
   }
   const unsigned total = __shfl_sync(0xFFFFFFFFu, incl, 31);
   const unsigned excl = incl - sum;
-  if (lane == 0) s.total = total;
+  // Only the counting call (target 0) writes it: later calls run while other warps may still be reading it.
+  if (lane == 0 && target == 0) s.total = total;
   if (target >= 1 && excl < target && incl >= target) {
     unsigned acc = excl;
     for (int i = 0; i < 8; ++i) {
