@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "fairkv/cuda/detail/launch.cuh"
 #include "fairkv/cuda/detail/workspace.cuh"
 #include "fairkv/cuda/error.cuh"
 #include "fairkv/keep_plan.hpp"
@@ -117,9 +118,7 @@ template <class Unit, class SideK, class SideV>
 __global__ void __launch_bounds__(compact_threads)
     compact_kernel(keep_plan_view plan, unit_side<Unit, SideK> k, unit_side<Unit, SideV> v, std::int32_t chunk,
                    std::int32_t units, std::int64_t chunks_per_row, compact_state* st, int* flags) {
-  // 16-byte aligned: the vector path reads and writes it as uint4 (a char array alone promises no alignment).
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  Unit* buf_k = reinterpret_cast<Unit*>(smem_raw);  // [chunk, units]
+  Unit* buf_k = dynamic_shared<Unit>();  // [chunk, units]
   Unit* buf_v = buf_k + static_cast<std::int64_t>(chunk) * units;  // [chunk, units]
   __shared__ std::int64_t item;
   if (threadIdx.x == 0) item = atomicAdd(&st->ticket, 1);
@@ -247,23 +246,23 @@ template <class T, class SideK, class SideV>
   FAIRKV_CUDA_TRY(cudaMemsetAsync(base, 0, needed - 256, stream));
   if (plan.rows() == 0) return {};  // nothing to validate or move
   // Validated even when nothing can move (capacity 0), so read_compact_status reports a bad plan as the CPU does.
-  validate_plan_kernel<<<static_cast<unsigned>(plan.rows()), 256, 0, stream>>>(plan, k, tokens, w.state);
+  launch(validate_plan_kernel<SideK>, static_cast<unsigned>(plan.rows()), 256, 0, stream, plan, k, tokens, w.state);
   if constexpr (requires { k.indptr; })
-    validate_pages_kernel<<<64, 256, 0, stream>>>(k, w.state);
+    launch(validate_pages_kernel<T>, 64, 256, 0, stream, k, w.state);
   if (items == 0) return from_cuda(cudaGetLastError());
   const bool vec = vector_rows<T>(k) && vector_rows<T>(v);
   using raw = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>;
   if (vec) {
     const auto units = static_cast<std::int32_t>(row_bytes / 16);
     const std::size_t smem = 2u * static_cast<std::size_t>(chunk) * static_cast<std::size_t>(units) * 16u;
-    compact_kernel<uint4, SideK, SideV><<<static_cast<unsigned>(items), compact_threads, smem, stream>>>(
-        plan, unit_side<uint4, SideK>{k, 1}, unit_side<uint4, SideV>{v, 1}, chunk, units, cpr, w.state, w.flags);
+    launch(compact_kernel<uint4, SideK, SideV>, static_cast<unsigned>(items), compact_threads, smem, stream, plan,
+           unit_side<uint4, SideK>{k, 1}, unit_side<uint4, SideV>{v, 1}, chunk, units, cpr, w.state, w.flags);
   } else {
     const auto units = static_cast<std::int32_t>(head_dim);
     const std::size_t smem = 2u * static_cast<std::size_t>(chunk) * static_cast<std::size_t>(units) * sizeof(raw);
-    compact_kernel<raw, SideK, SideV><<<static_cast<unsigned>(items), compact_threads, smem, stream>>>(
-        plan, unit_side<raw, SideK>{k, k.stride_dim}, unit_side<raw, SideV>{v, v.stride_dim}, chunk, units, cpr,
-        w.state, w.flags);
+    launch(compact_kernel<raw, SideK, SideV>, static_cast<unsigned>(items), compact_threads, smem, stream, plan,
+           unit_side<raw, SideK>{k, k.stride_dim}, unit_side<raw, SideV>{v, v.stride_dim}, chunk, units, cpr,
+           w.state, w.flags);
   }
   return from_cuda(cudaGetLastError());
 }

@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "fairkv/allocator.hpp"
+#include "fairkv/cuda/detail/launch.cuh"
 #include "fairkv/cuda/detail/params.cuh"
 #include "fairkv/cuda/detail/plan_kernels.cuh"
 #include "fairkv/cuda/detail/score_attention.cuh"
@@ -286,8 +287,8 @@ template <class S, class T, class Q>
                                    const attention_params& a, const plan_workspace& w, cudaStream_t stream) noexcept {
   const std::int64_t rows = static_cast<std::int64_t>(p.batch) * p.heads;
   if constexpr (S::source == score_source::position) {
-    score_position_kernel<<<grid_for(rows * p.tokens, 256), 256, 0, stream>>>(scorer, p.batch, p.heads, p.tokens,
-                                                                              w.scores);
+    launch(score_position_kernel<S>, grid_for(rows * p.tokens, 256), 256, 0, stream, scorer, p.batch, p.heads,
+           p.tokens, w.scores);
   } else if constexpr (S::source == score_source::keys) {
     const kv_view<const T>& k = in.keys;
     const int per_block = staged_rows(k.head_dim, sizeof(T));
@@ -301,24 +302,22 @@ template <class S, class T, class Q>
     const bool vec = k.stride_dim == 1 && (k.head_dim * e) % 16 == 0 &&
                      reinterpret_cast<std::uintptr_t>(k.data) % 16 == 0 && (k.stride_token * e) % 16 == 0 &&
                      (k.stride_head * e) % 16 == 0 && (k.stride_batch * e) % 16 == 0;
-    if (vec)
-      score_keys_kernel<S, T, true><<<grid, key_score_threads, smem, stream>>>(scorer, k, per_block, w.scores);
-    else
-      score_keys_kernel<S, T, false><<<grid, key_score_threads, smem, stream>>>(scorer, k, per_block, w.scores);
+    launch(vec ? score_keys_kernel<S, T, true> : score_keys_kernel<S, T, false>, grid, key_score_threads, smem, stream,
+           scorer, k, per_block, w.scores);
   } else {
     if (!a.column_sums && a.total_rows > 0)
-      attention_stats_kernel<T, Q><<<dim3(static_cast<unsigned>(a.total_rows), static_cast<unsigned>(a.q_heads),
-                                          static_cast<unsigned>(p.batch)),
-                                     attention_threads, 0, stream>>>(a, in, w.stats);
-    attention_accumulate_kernel<S::source, T, Q>
-        <<<dim3(static_cast<unsigned>((std::int64_t{p.tokens} + attention_threads - 1) / attention_threads),
+      launch(attention_stats_kernel<T, Q>,
+             dim3(static_cast<unsigned>(a.total_rows), static_cast<unsigned>(a.q_heads), static_cast<unsigned>(p.batch)),
+             attention_threads, 0, stream, a, in, w.stats);
+    launch(attention_accumulate_kernel<S::source, T, Q>,
+           dim3(static_cast<unsigned>((std::int64_t{p.tokens} + attention_threads - 1) / attention_threads),
                 static_cast<unsigned>(a.q_heads), static_cast<unsigned>(p.batch)),
-           attention_threads, 0, stream>>>(a, in, w.stats, w.acc);
-    attention_finalize_kernel<S::source>
-        <<<grid_for(rows * p.tokens, 256), 256, 0, stream>>>(a, p.batch, p.heads, p.tokens, w.acc, w.scores);
+           attention_threads, 0, stream, a, in, w.stats, w.acc);
+    launch(attention_finalize_kernel<S::source>, grid_for(rows * p.tokens, 256), 256, 0, stream, a, p.batch, p.heads,
+           p.tokens, w.acc, w.scores);
     if constexpr (S::source != score_source::observed_attention)
-      attention_pad_kernel<><<<dim3(static_cast<unsigned>(a.n_regions), static_cast<unsigned>(p.batch)),
-                             attention_threads, 0, stream>>>(a, p.heads, p.tokens, w.scores);
+      launch(attention_pad_kernel<>, dim3(static_cast<unsigned>(a.n_regions), static_cast<unsigned>(p.batch)),
+             attention_threads, 0, stream, a, p.heads, p.tokens, w.scores);
   }
   return from_cuda(cudaGetLastError());
 }
@@ -376,8 +375,8 @@ template <class S, class Sel, class A, class KeySource, class Q>
     constexpr bool uni = Sel::kind == selection_kind::union_heads;
     const float* sel_scores = w.scores;
     if constexpr (uni) {
-      detail::head_mean_kernel<><<<detail::grid_for(static_cast<std::int64_t>(p.batch) * p.tokens, 256), 256, 0,
-                                 stream>>>(w.scores, p.batch, p.heads, p.tokens, w.mean);
+      detail::launch(detail::head_mean_kernel<>, detail::grid_for(static_cast<std::int64_t>(p.batch) * p.tokens, 256),
+                     256, 0, stream, w.scores, p.batch, p.heads, p.tokens, w.mean);
       sel_scores = w.mean;
     }
     const std::int64_t problems = (uni ? p.batch : rows) * p.groups;
@@ -386,24 +385,24 @@ template <class S, class Sel, class A, class KeySource, class Q>
     FAIRKV_CUDA_TRY(cudaMemsetAsync(w.states, 0, static_cast<std::size_t>(problems) * sizeof(detail::split_state), stream));
     const dim3 grid(static_cast<unsigned>(max_slices), static_cast<unsigned>(problems));
     for (int pass = 0; pass < 4; ++pass)
-      detail::split_hist_kernel<Sel::kind>
-          <<<grid, detail::split_threads, 0, stream>>>(p, sel_scores, w.states, w.slice_hist, pass);
-    detail::split_mark_kernel<Sel::kind>
-        <<<grid, detail::split_threads, 0, stream>>>(p, sel_scores, w.states, w.slice_hist, w.keep);
+      detail::launch(detail::split_hist_kernel<Sel::kind>, grid, detail::split_threads, 0, stream, p, sel_scores,
+                     w.states, w.slice_hist, pass);
+    detail::launch(detail::split_mark_kernel<Sel::kind>, grid, detail::split_threads, 0, stream, p, sel_scores,
+                   w.states, w.slice_hist, w.keep);
   } else if constexpr (Sel::kind == selection_kind::head_adaptive) {
-    detail::select_kernel<selection_kind::head_adaptive>
-        <<<dim3(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.groups)), detail::select_threads, 0, stream>>>(
-            p, w.scores, w.keep);
+    detail::launch(detail::select_kernel<selection_kind::head_adaptive>,
+                   dim3(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.groups)), detail::select_threads, 0,
+                   stream, p, w.scores, w.keep);
   } else {
     static_assert(dependent_false<Sel>, "fairkv::cuda::plan: unknown selection_kind");
   }
   const bool shared_mask = Sel::kind == selection_kind::union_heads;
   const dim3 emit_grid(static_cast<unsigned>((std::int64_t{p.tokens} + detail::emit_chunk - 1) / detail::emit_chunk),
                        static_cast<unsigned>(rows));
-  detail::emit_count_kernel<><<<emit_grid, detail::emit_threads, 0, stream>>>(w.keep, p.heads, p.tokens, shared_mask,
-                                                                              w.chunk_counts);
-  detail::emit_write_kernel<><<<emit_grid, detail::emit_threads, 0, stream>>>(w.keep, p.heads, p.tokens, shared_mask,
-                                                                              w.chunk_counts, out);
+  detail::launch(detail::emit_count_kernel<>, emit_grid, detail::emit_threads, 0, stream, w.keep, p.heads, p.tokens,
+                 shared_mask, w.chunk_counts);
+  detail::launch(detail::emit_write_kernel<>, emit_grid, detail::emit_threads, 0, stream, w.keep, p.heads, p.tokens,
+                 shared_mask, w.chunk_counts, out);
   return from_cuda(cudaGetLastError());
 }
 

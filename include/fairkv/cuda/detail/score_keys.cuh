@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "fairkv/cuda/detail/launch.cuh"
 #include "fairkv/scorer.hpp"
 #include "fairkv/views/kv_view.hpp"
 
@@ -41,7 +42,7 @@ inline constexpr int key_score_smem_bytes = 40 * 1024;
 template <class S, class T, bool Vec>
 __global__ void __launch_bounds__(key_score_threads)
     score_keys_kernel(S scorer, kv_view<const T> keys, std::int32_t rows_per_block, float* scores) {
-  extern __shared__ std::uint32_t staged[];  // [rows_per_block, pitch] 32-bit words
+  std::uint32_t* staged = dynamic_shared<std::uint32_t>();  // [rows_per_block, pitch] 32-bit words
   const std::int64_t row = blockIdx.y;
   const std::int64_t b = row / keys.heads, h = row % keys.heads;
   const std::int64_t t0 = static_cast<std::int64_t>(blockIdx.x) * rows_per_block;
