@@ -8,51 +8,13 @@
 
 #include "fairkv/allocators/debias.hpp"
 #include "fairkv/cuda/cuda.cuh"
+#include "device_buffer.hpp"
 
 namespace fairkv_test {
 namespace {
 
 using fairkv::result;
 using fairkv::status;
-
-// RAII device buffer: tests may allocate; the library may not.
-class device_buffer {
- public:
-  device_buffer() = default;
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-  ~device_buffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  result allocate(std::size_t bytes) {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-    ptr_ = nullptr;
-    bytes_ = bytes;
-    if (bytes == 0) return {};
-    return fairkv::cuda::from_cuda(cudaMalloc(&ptr_, bytes));
-  }
-  template <class T>
-  result upload(const std::vector<T>& host) {
-    FAIRKV_TRY(allocate(host.size() * sizeof(T)));
-    if (host.empty()) return {};
-    return fairkv::cuda::from_cuda(cudaMemcpy(ptr_, host.data(), bytes_, cudaMemcpyHostToDevice));
-  }
-  template <class T>
-  result download(std::vector<T>& host) const {
-    host.resize(bytes_ / sizeof(T));
-    if (bytes_ == 0) return {};
-    return fairkv::cuda::from_cuda(cudaMemcpy(host.data(), ptr_, bytes_, cudaMemcpyDeviceToHost));
-  }
-  template <class T = void>
-  [[nodiscard]] T* get() const noexcept {
-    return static_cast<T*>(ptr_);
-  }
-  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  std::size_t bytes_ = 0;
-};
 
 // Never dereferenced: the host-only entry points must not touch device memory.
 template <class T>

@@ -9,9 +9,7 @@ namespace cooperative_groups {
 class coalesced_group {
  public:
   [[nodiscard]] unsigned long long size() const noexcept { return 1; }
-  [[nodiscard]] unsigned long long num_threads() const noexcept { return 1; }
   [[nodiscard]] unsigned long long thread_rank() const noexcept { return 0; }
-  void sync() const noexcept {}
 };
 
 [[nodiscard]] inline coalesced_group coalesced_threads() noexcept { return {}; }

@@ -143,32 +143,29 @@ struct worker {
   std::size_t stack_count = 0;
   block_state block;
   std::vector<unsigned char> smem;  // dynamic shared memory, 64 bytes of slack for the alignment
-  fiber* running = nullptr;
 
   ~worker() {
-    if (stacks != nullptr) munmap(stacks, stack_count * (stack_bytes + page()));
+    if (stacks != nullptr) munmap(stacks, stack_count * slot());
   }
   static std::size_t page() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
+  static std::size_t slot() { return stack_bytes + page(); }  // one stack and the guard page below it
 
   void reserve(unsigned threads) {
     if (threads <= stack_count) return;
-    if (stacks != nullptr) munmap(stacks, stack_count * (stack_bytes + page()));
-    const std::size_t slot = stack_bytes + page();
-    void* m = mmap(nullptr, threads * slot, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (stacks != nullptr) munmap(stacks, stack_count * slot());
+    void* m = mmap(nullptr, threads * slot(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) fail("cannot map fiber stacks");
     stacks = static_cast<char*>(m);
     stack_count = threads;
-    for (std::size_t i = 0; i < threads; ++i) mprotect(stacks + i * slot, page(), PROT_NONE);  // overflow traps
+    for (std::size_t i = 0; i < threads; ++i) mprotect(stacks + i * slot(), page(), PROT_NONE);  // overflow traps
     fibers.assign(threads, fiber{});
   }
-  char* stack_of(unsigned i) const { return stacks + i * (stack_bytes + page()) + page(); }
+  char* stack_of(unsigned i) const { return stacks + i * slot() + page(); }
 
   void run_block(dim3 grid, dim3 dim, uint3 idx, std::size_t dyn, const std::function<void()>& body,
                  std::uint64_t linear_block);
   [[noreturn]] void deadlock();
 };
-
-thread_local worker* this_worker = nullptr;
 
 void worker::run_block(dim3 grid, dim3 dim, uint3 idx, std::size_t dyn, const std::function<void()>& body,
                        std::uint64_t linear_block) {
@@ -205,11 +202,9 @@ void worker::run_block(dim3 grid, dim3 dim, uint3 idx, std::size_t dyn, const st
       if (f.st == state::wait_block && block.gen == f.wait_gen) continue;
       if (f.st == state::wait_warp && block.warps[f.linear / 32].gen == f.wait_gen) continue;
       f.st = state::ready;
-      running = &f;
       current = &f;
       switch_context(scheduler, f.ctx);
       current = nullptr;
-      running = nullptr;
       progressed = true;
       if (f.st == state::done) --live;
     }
@@ -232,6 +227,8 @@ void worker::deadlock() {
   fail(msg);
 }
 
+block_state& block_of(const fiber& f) { return *static_cast<block_state*>(const_cast<block_coords*>(f.block)); }
+
 fiber& self_fiber() {
   if (current == nullptr) fail("a device function was called outside a kernel");
   return *static_cast<fiber*>(const_cast<thread_coords*>(current));
@@ -243,7 +240,7 @@ void yield(fiber& f) {
 }
 
 [[noreturn]] void run_fiber(fiber* f) {
-  auto* b = static_cast<block_state*>(const_cast<block_coords*>(f->block));
+  block_state* b = &block_of(*f);
   (*b->body)();
   f->st = state::done;
   ++b->exited;
@@ -255,7 +252,7 @@ void yield(fiber& f) {
 
 void syncthreads() {
   fiber& f = self_fiber();
-  auto& b = *static_cast<block_state*>(const_cast<block_coords*>(f.block));
+  block_state& b = block_of(f);
   if (b.exited > 0) {
     char msg[160];
     std::snprintf(msg, sizeof msg, "__syncthreads in block (%u, %u, %u) after %u of its threads exited", b.idx.x,
@@ -274,7 +271,7 @@ void syncthreads() {
 
 namespace {
 void warp_barrier(fiber& f, unsigned mask) {
-  auto& b = *static_cast<block_state*>(const_cast<block_coords*>(f.block));
+  block_state& b = block_of(f);
   const unsigned lane = f.linear % 32, warp = f.linear / 32;
   const unsigned lanes_here = std::min(32u, b.n - warp * 32);
   const unsigned exists = lanes_here == 32 ? 0xFFFFFFFFu : (1u << lanes_here) - 1u;
@@ -297,7 +294,7 @@ void syncwarp(unsigned mask) { warp_barrier(self_fiber(), mask); }
 
 const std::uint64_t* warp_publish(unsigned mask, std::uint64_t word, unsigned& lane) {
   fiber& f = self_fiber();
-  auto& b = *static_cast<block_state*>(const_cast<block_coords*>(f.block));
+  block_state& b = block_of(f);
   lane = f.linear % 32;
   warp_state& w = b.warps[f.linear / 32];
   w.words[lane] = word;
@@ -362,7 +359,6 @@ class pool {
  private:
   void loop() {
     detail::worker w;
-    detail::this_worker = &w;
     std::uint64_t seen = 0;
     for (;;) {
       const grid_job* job = nullptr;
@@ -528,7 +524,6 @@ cudaError_t cudaGetLastError() noexcept {
   last_error = cudaSuccess;
   return e;
 }
-cudaError_t cudaPeekAtLastError() noexcept { return last_error; }
 
 cudaError_t cudaGetDeviceCount(int* count) noexcept {
   *count = 1;
@@ -603,7 +598,6 @@ cudaError_t cudaMemsetAsync(void* dst, int value, std::size_t bytes, cudaStream_
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamCreate(cudaStream_t* stream) noexcept { return cudaStreamCreateWithFlags(stream, 0); }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) noexcept {
   *stream = new CUstream_st{};
   return cudaSuccess;

@@ -102,7 +102,6 @@ struct cudaDeviceProp {
 const char* cudaGetErrorName(cudaError_t e) noexcept;
 const char* cudaGetErrorString(cudaError_t e) noexcept;
 cudaError_t cudaGetLastError() noexcept;
-cudaError_t cudaPeekAtLastError() noexcept;
 cudaError_t cudaGetDeviceCount(int* count) noexcept;
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) noexcept;
 cudaError_t cudaMalloc(void** ptr, std::size_t bytes) noexcept;
@@ -116,7 +115,6 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaM
                             cudaStream_t stream = nullptr) noexcept;
 cudaError_t cudaMemset(void* dst, int value, std::size_t bytes) noexcept;
 cudaError_t cudaMemsetAsync(void* dst, int value, std::size_t bytes, cudaStream_t stream = nullptr) noexcept;
-cudaError_t cudaStreamCreate(cudaStream_t* stream) noexcept;
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) noexcept;
 cudaError_t cudaStreamDestroy(cudaStream_t stream) noexcept;
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) noexcept;
@@ -147,7 +145,7 @@ extern thread_local const thread_coords* current;  // the fiber running on this 
 void syncthreads();
 void syncwarp(unsigned mask);
 // Every lane of `mask` publishes one word; returns the warp's 32 words (valid for the lanes of `mask`) and the
-// calling lane. warp_done(mask) must follow once the caller has read what it needs.
+// calling lane. warp_done(mask) must follow once the caller has read what it needs (warp_collective does both).
 const std::uint64_t* warp_publish(unsigned mask, std::uint64_t word, unsigned& lane);
 void warp_done(unsigned mask);
 void spin_hint() noexcept;  // called by busy-wait loads: lets a waited-for block on another worker run
@@ -166,6 +164,16 @@ T from_word(std::uint64_t w) noexcept {
   return v;
 }
 [[noreturn]] void fail(const char* what);
+
+// One warp collective: read(words, lane) runs while every lane's published word is in place.
+template <class Read>
+auto warp_collective(unsigned mask, std::uint64_t word, Read&& read) {
+  unsigned lane = 0;
+  const std::uint64_t* words = warp_publish(mask, word, lane);
+  auto result = read(words, lane);
+  warp_done(mask);
+  return result;
+}
 }  // namespace detail
 
 [[nodiscard]] void* dynamic_shared_memory() noexcept;
@@ -197,51 +205,35 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t dynami
 inline void __syncthreads() { ::fairkv_emu::detail::syncthreads(); }
 inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { ::fairkv_emu::detail::syncwarp(mask); }
 inline void __threadfence() noexcept { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __threadfence_block() noexcept { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 template <class T>
 T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
-  if (width != 32) ::fairkv_emu::detail::fail("__shfl_sync: only width 32 is emulated");
-  unsigned lane = 0;
-  const std::uint64_t* w = ::fairkv_emu::detail::warp_publish(mask, ::fairkv_emu::detail::to_word(v), lane);
+  using namespace ::fairkv_emu::detail;
+  if (width != 32) fail("__shfl_sync: only width 32 is emulated");
   const unsigned s = static_cast<unsigned>(src) & 31u;
-  if (((mask >> s) & 1u) == 0) ::fairkv_emu::detail::fail("__shfl_sync: the source lane is not in the mask");
-  const T r = ::fairkv_emu::detail::from_word<T>(w[s]);
-  ::fairkv_emu::detail::warp_done(mask);
-  return r;
+  if (((mask >> s) & 1u) == 0) fail("__shfl_sync: the source lane is not in the mask");
+  return warp_collective(mask, to_word(v), [&](const std::uint64_t* w, unsigned) { return from_word<T>(w[s]); });
 }
 template <class T>
 T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
-  if (width != 32) ::fairkv_emu::detail::fail("__shfl_up_sync: only width 32 is emulated");
-  unsigned lane = 0;
-  const std::uint64_t* w = ::fairkv_emu::detail::warp_publish(mask, ::fairkv_emu::detail::to_word(v), lane);
-  T r = v;
-  if (lane >= delta) {
-    if (((mask >> (lane - delta)) & 1u) == 0) ::fairkv_emu::detail::fail("__shfl_up_sync: source lane not in mask");
-    r = ::fairkv_emu::detail::from_word<T>(w[lane - delta]);
-  }
-  ::fairkv_emu::detail::warp_done(mask);
-  return r;
+  using namespace ::fairkv_emu::detail;
+  if (width != 32) fail("__shfl_up_sync: only width 32 is emulated");
+  return warp_collective(mask, to_word(v), [&](const std::uint64_t* w, unsigned lane) {
+    if (lane < delta) return v;
+    if (((mask >> (lane - delta)) & 1u) == 0) fail("__shfl_up_sync: the source lane is not in the mask");
+    return from_word<T>(w[lane - delta]);
+  });
 }
 template <class T>
 unsigned __match_any_sync(unsigned mask, T v) {
-  unsigned lane = 0;
-  const std::uint64_t word = ::fairkv_emu::detail::to_word(v);
-  const std::uint64_t* w = ::fairkv_emu::detail::warp_publish(mask, word, lane);
-  unsigned same = 0;
-  for (unsigned l = 0; l < 32; ++l)
-    if (((mask >> l) & 1u) != 0 && w[l] == word) same |= 1u << l;
-  ::fairkv_emu::detail::warp_done(mask);
-  return same;
-}
-inline unsigned __ballot_sync(unsigned mask, int predicate) {
-  unsigned lane = 0;
-  const std::uint64_t* w = ::fairkv_emu::detail::warp_publish(mask, predicate != 0 ? 1u : 0u, lane);
-  unsigned bits = 0;
-  for (unsigned l = 0; l < 32; ++l)
-    if (((mask >> l) & 1u) != 0 && w[l] != 0) bits |= 1u << l;
-  ::fairkv_emu::detail::warp_done(mask);
-  return bits;
+  using namespace ::fairkv_emu::detail;
+  const std::uint64_t word = to_word(v);
+  return warp_collective(mask, word, [&](const std::uint64_t* w, unsigned) {
+    unsigned same = 0;
+    for (unsigned l = 0; l < 32; ++l)
+      if (((mask >> l) & 1u) != 0 && w[l] == word) same |= 1u << l;
+    return same;
+  });
 }
 
 inline int __ffs(int x) noexcept { return __builtin_ffs(x); }
@@ -251,12 +243,6 @@ inline int __popc(unsigned x) noexcept { return __builtin_popcount(x); }
 inline int atomicAdd(int* p, int v) noexcept { return std::atomic_ref<int>(*p).fetch_add(v, std::memory_order_relaxed); }
 inline unsigned atomicAdd(unsigned* p, unsigned v) noexcept {
   return std::atomic_ref<unsigned>(*p).fetch_add(v, std::memory_order_relaxed);
-}
-inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) noexcept {
-  return std::atomic_ref<unsigned long long>(*p).fetch_add(v, std::memory_order_relaxed);
-}
-inline float atomicAdd(float* p, float v) noexcept {
-  return std::atomic_ref<float>(*p).fetch_add(v, std::memory_order_relaxed);
 }
 inline int atomicCAS(int* p, int compare, int value) noexcept {
   std::atomic_ref<int>(*p).compare_exchange_strong(compare, value, std::memory_order_relaxed);

@@ -11,20 +11,23 @@
 #include <cstdint>
 #include <vector>
 
+#include "../device_buffer.hpp"
+
 namespace {
 
+using fairkv_test::device_buffer;
+
 template <class T>
-struct device_array {
-  T* ptr = nullptr;
-  std::size_t n = 0;
-  explicit device_array(std::size_t count) : n(count) { REQUIRE(cudaMalloc(&ptr, n * sizeof(T)) == cudaSuccess); }
-  ~device_array() { cudaFree(ptr); }
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    REQUIRE(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
-    return h;
-  }
-};
+T* device_array(device_buffer& buffer, std::size_t count) {
+  REQUIRE(buffer.allocate(count * sizeof(T)).ok());
+  return buffer.get<T>();
+}
+template <class T>
+std::vector<T> download(const device_buffer& buffer) {
+  std::vector<T> host;
+  REQUIRE(buffer.download(host).ok());
+  return host;
+}
 
 constexpr int threads = 128;
 
@@ -80,10 +83,11 @@ void chain_kernel(int* flags, int* order, int* ticket) {
 
 TEST_SUITE("cuda_emulator") {
   TEST_CASE("emulator: block scan and reduce give CUB's results, the reduction to thread 0 only") {
-    device_array<int> out(2 * threads + 1);
-    fairkv_emu::launch(scan_reduce_kernel, 1, threads, 0, nullptr, out.ptr);
+    device_buffer buf;
+    int* out = device_array<int>(buf, 2 * threads + 1);
+    fairkv_emu::launch(scan_reduce_kernel, 1, threads, 0, nullptr, out);
     REQUIRE(cudaGetLastError() == cudaSuccess);
-    const auto h = out.download();
+    const auto h = download<int>(buf);
     int acc = 0;
     for (int i = 0; i < threads; ++i) {
       CHECK(h[i] == acc);
@@ -94,9 +98,9 @@ TEST_SUITE("cuda_emulator") {
   }
 
   TEST_CASE("emulator: warp shuffles and match see every lane of their own warp") {
-    device_array<unsigned> out(192);
-    fairkv_emu::launch(warp_kernel, 1, 64, 0, nullptr, out.ptr);
-    const auto h = out.download();
+    device_buffer buf;
+    fairkv_emu::launch(warp_kernel, 1, 64, 0, nullptr, device_array<unsigned>(buf, 192));
+    const auto h = download<unsigned>(buf);
     for (unsigned t = 0; t < 64; ++t) {
       const unsigned warp = t / 32, lane = t % 32;
       CHECK(h[t] == (warp * 32 + 5) * 10);
@@ -107,10 +111,10 @@ TEST_SUITE("cuda_emulator") {
 
   TEST_CASE("emulator: a missing __syncthreads shows up as a wrong read, a present one never does") {
     constexpr int blocks = 16;
-    device_array<int> with(blocks * threads), without(blocks * threads);
-    fairkv_emu::launch(barrier_kernel, blocks, threads, 0, nullptr, with.ptr, true);
-    fairkv_emu::launch(barrier_kernel, blocks, threads, 0, nullptr, without.ptr, false);
-    const auto a = with.download(), b = without.download();
+    device_buffer with, without;
+    fairkv_emu::launch(barrier_kernel, blocks, threads, 0, nullptr, device_array<int>(with, blocks * threads), true);
+    fairkv_emu::launch(barrier_kernel, blocks, threads, 0, nullptr, device_array<int>(without, blocks * threads), false);
+    const auto a = download<int>(with), b = download<int>(without);
     int stale = 0;
     for (int i = 0; i < blocks * threads; ++i) {
       CHECK(a[i] == i / threads + 1);
@@ -121,11 +125,13 @@ TEST_SUITE("cuda_emulator") {
 
   TEST_CASE("emulator: blocks that wait for earlier blocks complete, in ticket order") {
     constexpr int blocks = 64;
-    device_array<int> flags(blocks), order(blocks), ticket(1);
-    REQUIRE(cudaMemset(flags.ptr, 0, blocks * sizeof(int)) == cudaSuccess);
-    REQUIRE(cudaMemset(ticket.ptr, 0, sizeof(int)) == cudaSuccess);
-    fairkv_emu::launch(chain_kernel, blocks, 64, 0, nullptr, flags.ptr, order.ptr, ticket.ptr);
-    const auto f = flags.download(), o = order.download();
+    device_buffer flags, order, ticket;
+    int* d_flags = device_array<int>(flags, blocks);
+    int* d_ticket = device_array<int>(ticket, 1);
+    REQUIRE(cudaMemset(d_flags, 0, blocks * sizeof(int)) == cudaSuccess);
+    REQUIRE(cudaMemset(d_ticket, 0, sizeof(int)) == cudaSuccess);
+    fairkv_emu::launch(chain_kernel, blocks, 64, 0, nullptr, d_flags, device_array<int>(order, blocks), d_ticket);
+    const auto f = download<int>(flags), o = download<int>(order);
     std::vector<int> seen(blocks, 0);
     for (int b = 0; b < blocks; ++b) {
       CHECK(f[b] == 1);
@@ -147,29 +153,31 @@ TEST_SUITE("cuda_emulator") {
   }
 
   TEST_CASE("emulator: copies outside an allocation are refused") {
-    device_array<int> d(4);
+    device_buffer buf;
+    int* d = device_array<int>(buf, 4);
     std::vector<int> h(8);
-    CHECK(cudaMemcpy(d.ptr, h.data(), 4 * sizeof(int), cudaMemcpyHostToDevice) == cudaSuccess);
-    CHECK(cudaMemcpy(d.ptr, h.data(), 5 * sizeof(int), cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
-    CHECK(cudaMemcpy(h.data(), d.ptr + 1, 4 * sizeof(int), cudaMemcpyDeviceToHost) == cudaErrorInvalidValue);
+    CHECK(cudaMemcpy(d, h.data(), 4 * sizeof(int), cudaMemcpyHostToDevice) == cudaSuccess);
+    CHECK(cudaMemcpy(d, h.data(), 5 * sizeof(int), cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+    CHECK(cudaMemcpy(h.data(), d + 1, 4 * sizeof(int), cudaMemcpyDeviceToHost) == cudaErrorInvalidValue);
     CHECK(cudaMemsetAsync(h.data(), 0, 4, nullptr) == cudaErrorInvalidValue);
     cudaGetLastError();
   }
 
   TEST_CASE("emulator: a captured graph replays its work; allocating or waiting inside a capture invalidates it") {
-    device_array<int> d(1);
+    device_buffer buf;
+    int* d = device_array<int>(buf, 1);
     cudaStream_t s = nullptr;
     REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
-    REQUIRE(cudaMemset(d.ptr, 0, sizeof(int)) == cudaSuccess);
+    REQUIRE(cudaMemset(d, 0, sizeof(int)) == cudaSuccess);
     REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
-    REQUIRE(cudaMemsetAsync(d.ptr, 7, 1, s) == cudaSuccess);
+    REQUIRE(cudaMemsetAsync(d, 7, 1, s) == cudaSuccess);
     cudaGraph_t g = nullptr;
     REQUIRE(cudaStreamEndCapture(s, &g) == cudaSuccess);
-    CHECK(d.download()[0] == 0);  // captured, not run
+    CHECK(download<int>(buf)[0] == 0);  // captured, not run
     cudaGraphExec_t exec = nullptr;
     REQUIRE(cudaGraphInstantiate(&exec, g, 0) == cudaSuccess);
     REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
-    CHECK(d.download()[0] == 7);
+    CHECK(download<int>(buf)[0] == 7);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(g);
 
