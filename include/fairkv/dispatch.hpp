@@ -8,6 +8,7 @@
 
 #include "fairkv/allocators/debias.hpp"
 #include "fairkv/allocators/fair.hpp"
+#include "fairkv/allocators/fair_paper.hpp"
 #include "fairkv/allocators/uniform.hpp"
 #include "fairkv/allocators/whitelist.hpp"
 #include "fairkv/policy.hpp"
@@ -24,7 +25,7 @@
 namespace fairkv {
 
 enum class scorer_kind : std::uint8_t { knorm, streaming_llm, snapkv, tova, h2o };
-enum class allocator_kind : std::uint8_t { uniform, whitelist, fair, fair_with_whitelist, debias };
+enum class allocator_kind : std::uint8_t { uniform, whitelist, fair, fair_with_whitelist, debias, fair_paper };
 
 struct policy_spec {
   scorer_kind scorer = scorer_kind::knorm;
@@ -35,6 +36,9 @@ struct policy_spec {
   std::int32_t n_sink = 4;        // streaming_llm
   float alpha_safeguard = 0.20f;  // head_adaptive
   float lambda = 1.0f;            // debias
+  std::int32_t sinks = 4;         // fair, fair_with_whitelist, debias: leading tokens always kept (allocators/protection.hpp)
+  std::int32_t paper_sinks = 0;   // fair_paper: the paper keeps no sinks explicitly
+  std::int32_t boundary = 0;      // segment-aware allocators: tokens kept at each end of every segment
 };
 
 [[nodiscard]] inline result parse(std::string_view name, scorer_kind& out) noexcept {
@@ -66,9 +70,10 @@ struct policy_spec {
   else if (name == "fair") out = allocator_kind::fair;
   else if (name == "fair_with_whitelist") out = allocator_kind::fair_with_whitelist;
   else if (name == "debias") out = allocator_kind::debias;
+  else if (name == "fair_paper") out = allocator_kind::fair_paper;
   else
     return result::error(status::invalid_argument,
-                         "unknown allocator '%.*s' (uniform, whitelist, fair, fair_with_whitelist, debias)",
+                         "unknown allocator '%.*s' (uniform, whitelist, fair, fair_with_whitelist, debias, fair_paper)",
                          static_cast<int>(name.size()), name.data());
   return {};
 }
@@ -77,11 +82,15 @@ namespace detail {
 
 template <class S, class Sel, class F>
 decltype(auto) dispatch_allocator(const policy_spec& spec, S s, Sel sel, F&& f) {
+  const allocators::protection protect{spec.sinks, spec.boundary};
   switch (spec.allocator) {
     case allocator_kind::whitelist: return f(policy<S, Sel, allocators::whitelist>{s, sel, {}});
-    case allocator_kind::fair: return f(policy<S, Sel, allocators::fair>{s, sel, {}});
-    case allocator_kind::fair_with_whitelist: return f(policy<S, Sel, allocators::fair_with_whitelist>{s, sel, {}});
-    case allocator_kind::debias: return f(policy<S, Sel, allocators::debias>{s, sel, {spec.lambda}});
+    case allocator_kind::fair: return f(policy<S, Sel, allocators::fair>{s, sel, {protect}});
+    case allocator_kind::fair_with_whitelist:
+      return f(policy<S, Sel, allocators::fair_with_whitelist>{s, sel, {protect}});
+    case allocator_kind::debias: return f(policy<S, Sel, allocators::debias>{s, sel, {spec.lambda, protect}});
+    case allocator_kind::fair_paper:
+      return f(policy<S, Sel, allocators::fair_paper>{s, sel, {{spec.paper_sinks, spec.boundary}}});
     case allocator_kind::uniform: break;
   }
   return f(policy<S, Sel, allocators::uniform>{s, sel, {}});

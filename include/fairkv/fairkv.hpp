@@ -5,6 +5,8 @@
 #include "fairkv/allocator.hpp"
 #include "fairkv/allocators/debias.hpp"
 #include "fairkv/allocators/fair.hpp"
+#include "fairkv/allocators/fair_paper.hpp"
+#include "fairkv/allocators/protection.hpp"
 #include "fairkv/allocators/uniform.hpp"
 #include "fairkv/allocators/whitelist.hpp"
 #include "fairkv/cpu/compact.hpp"

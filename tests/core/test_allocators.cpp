@@ -70,22 +70,29 @@ TEST_CASE("through the planner: per-segment kept counts follow the allocator") {
   keep_plan plan;
   REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::uniform>{}, keys, {}, {}, 0.5, plan).ok());
   CHECK(count_in(plan.kept(0, 0), 0, 5) == 5);
-  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::fair>{}, keys, segs, {}, 0.5, plan).ok());
+  // Without sinks (protect {0, 0}) the budgets are the proportional ones.
+  constexpr allocators::protection none{0, 0};
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::fair>{{}, {}, {none}}, keys, segs, {}, 0.5,
+                    plan).ok());
   CHECK(plan.kept(0, 0) == std::vector<int>{0, 1, 2, 5, 6, 7, 8, 9, 10, 11});
+  // With the default 4 sinks, tokens 0..3 are forced and charged to segment 0: its share (2.5) is below 4, so it
+  // is pinned at 4 and segment 1 keeps the other 6.
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::fair>{}, keys, segs, {}, 0.5, plan).ok());
+  CHECK(plan.kept(0, 0) == std::vector<int>{0, 1, 2, 3, 5, 6, 7, 8, 9, 10});
   // Whitelist: token 19 (the worst score) is forced; the budget shrinks for the others.
   const std::vector<std::int32_t> wl{19};
   REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::whitelist>{}, keys, {}, wl, 0.5, plan).ok());
   CHECK(plan.kept(0, 0) == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 19});
   // Fair + whitelist: 19 is charged to segment 1 (budget 7 -> 6 chosen by score + 19).
-  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::fair_with_whitelist>{}, keys, segs, wl, 0.5,
-                    plan).ok());
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::fair_with_whitelist>{{}, {}, {none}}, keys,
+                    segs, wl, 0.5, plan).ok());
   CHECK(plan.kept(0, 0) == std::vector<int>{0, 1, 2, 5, 6, 7, 8, 9, 10, 19});
   // debias 0 is the plain policy; debias 1 is fair.
-  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::debias>{{}, {}, {0.f}}, keys, segs, {}, 0.5,
-                    plan).ok());
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::debias>{{}, {}, {0.f, none}}, keys, segs, {},
+                    0.5, plan).ok());
   CHECK(plan.kept(0, 0) == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
-  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::debias>{{}, {}, {1.f}}, keys, segs, {}, 0.5,
-                    plan).ok());
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::debias>{{}, {}, {1.f, none}}, keys, segs, {},
+                    0.5, plan).ok());
   CHECK(plan.kept(0, 0) == std::vector<int>{0, 1, 2, 5, 6, 7, 8, 9, 10, 11});
 }
 

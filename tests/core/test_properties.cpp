@@ -92,6 +92,22 @@ struct groups_of_case {
   std::vector<bool> white;
 };
 
+// Forced tokens as the allocators document them (allocators/protection.hpp), written independently: the
+// whitelist, then every segment's first and last `boundary` tokens, then the sinks while the budget has room.
+void add_protection(groups_of_case& g, const random_case& c, allocators::protection p) {
+  auto force = [&](int t) {
+    if (g.white[t]) return;
+    g.white[t] = true;
+    ++g.forced[g.group[t]];
+  };
+  for (const segment s : c.segments)
+    for (int t = s.begin; t < s.end; ++t)
+      if (t - s.begin < p.boundary || s.end - t <= p.boundary) force(t);
+  const std::int64_t n_keep = keep_budget(c.tokens, c.ratio);
+  for (int t = 0; t < std::min<int>(p.n_sink, static_cast<int>(c.tokens)); ++t)
+    if (std::count(g.white.begin(), g.white.end(), true) < n_keep) force(t);
+}
+
 groups_of_case group_case(const random_case& c, bool use_segments, bool use_whitelist) {
   groups_of_case g;
   std::vector<segment> segs = use_segments ? c.segments : std::vector<segment>{};
@@ -128,7 +144,8 @@ void check_policy(const random_case& c, S scorer, Sel sel, A alloc) {
   fairkv_test::check_plan_invariants(plan);
 
   const std::int64_t n_keep = keep_budget(c.tokens, c.ratio);
-  const auto g = group_case(c, A::uses_segments, A::uses_whitelist);
+  auto g = group_case(c, A::uses_segments, A::uses_whitelist);
+  if constexpr (fairkv::detail::has_protection_v<A>) add_protection(g, c, alloc.protect);
   // Budgets sum exactly.
   std::int64_t total = 0;
   for (std::int64_t h = 0; h < c.heads; ++h) {
@@ -136,7 +153,7 @@ void check_policy(const random_case& c, S scorer, Sel sel, A alloc) {
     if constexpr (Sel::kind != selection_kind::head_adaptive) REQUIRE(plan.count(0, h) == n_keep);
   }
   REQUIRE(total == n_keep * c.heads);
-  // Whitelisted tokens are always kept, in every head.
+  // Whitelisted, boundary and sink tokens are always kept, in every head.
   for (std::int64_t h = 0; h < c.heads; ++h) {
     const auto kept = plan.kept(0, h);
     const std::set<int> s(kept.begin(), kept.end());
@@ -175,15 +192,25 @@ void check_policy(const random_case& c, S scorer, Sel sel, A alloc) {
 }
 
 template <class S>
-void check_scorer(const random_case& c, S s) {
+void check_scorer(const random_case& c, S s, std::mt19937& rng) {
+  // Protection: the default sinks, none, or many sinks with boundary tokens when the budget can hold them.
+  allocators::protection many{static_cast<std::int32_t>(rng() % 12), static_cast<std::int32_t>(rng() % 4)};
+  std::int64_t boundary_tokens = static_cast<std::int64_t>(std::set<std::int32_t>(c.whitelist.begin(), c.whitelist.end()).size());
+  for (const segment seg : c.segments) boundary_tokens += std::min<std::int64_t>(seg.size(), 2 * many.boundary);
+  if (boundary_tokens > keep_budget(c.tokens, c.ratio)) many.boundary = 0;
   check_policy(c, s, selectors::per_head{}, allocators::uniform{});
   check_policy(c, s, selectors::per_head{}, allocators::whitelist{});
   check_policy(c, s, selectors::per_head{}, allocators::fair{});
+  check_policy(c, s, selectors::per_head{}, allocators::fair{{0, 0}});
   check_policy(c, s, selectors::per_head{}, allocators::fair_with_whitelist{});
+  check_policy(c, s, selectors::per_head{}, allocators::fair_with_whitelist{many});
   check_policy(c, s, selectors::per_head{}, allocators::debias{0.5f});
+  check_policy(c, s, selectors::per_head{}, allocators::debias{0.5f, many});
   check_policy(c, s, selectors::union_heads{}, allocators::fair_with_whitelist{});
+  check_policy(c, s, selectors::union_heads{}, allocators::fair_with_whitelist{many});
   check_policy(c, s, selectors::union_heads{}, allocators::whitelist{});
   check_policy(c, s, selectors::head_adaptive{}, allocators::fair_with_whitelist{});
+  check_policy(c, s, selectors::head_adaptive{}, allocators::fair_with_whitelist{many});
   check_policy(c, s, selectors::head_adaptive{0.f}, allocators::uniform{});
 }
 
@@ -196,13 +223,13 @@ TEST_CASE("properties over random shapes: every scorer x selector x allocator") 
     CAPTURE(i);
     CAPTURE(c.tokens);
     CAPTURE(c.ratio);
-    check_scorer(c, scorers::knorm{});
-    check_scorer(c, scorers::streaming_llm<>{});
+    check_scorer(c, scorers::knorm{}, rng);
+    check_scorer(c, scorers::streaming_llm<>{}, rng);
     scorers::snapkv<> snap{};
     snap.window = static_cast<std::int32_t>(1 + rng() % 20);
-    check_scorer(c, snap);
-    check_scorer(c, scorers::tova{});
-    check_scorer(c, scorers::h2o{});
+    check_scorer(c, snap, rng);
+    check_scorer(c, scorers::tova{}, rng);
+    check_scorer(c, scorers::h2o{}, rng);
   }
 }
 
@@ -213,7 +240,8 @@ TEST_CASE("debias at lambda 0 equals the plain policy for key scorers, at lambda
     const auto in = keys_only(make_contiguous_view(c.keys.data(), 1, c.heads, c.tokens, c.dim));
     keep_plan plain, d0, fair, d1;
     REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::whitelist>{}, in, {}, c.whitelist, c.ratio, plain).ok());
-    REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::debias>{{}, {}, {0.f}}, in, c.segments,
+    // Without sinks: the plain policy protects nothing.
+    REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::debias>{{}, {}, {0.f, {0, 0}}}, in, c.segments,
                       c.whitelist, c.ratio, d0).ok());
     REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::fair_with_whitelist>{}, in, c.segments,
                       c.whitelist, c.ratio, fair).ok());
@@ -238,7 +266,8 @@ TEST_CASE("segment-local scoring: each segment is scored as if it were its own s
                                make_contiguous_view(queries.data(), 1, H * G, 100, D));
   scorers::snapkv<8> s{};
   keep_plan fair;
-  REQUIRE(cpu::plan(policy<scorers::snapkv<8>, selectors::per_head, allocators::fair>{s, {}, {}}, in, segs, {}, 0.5, fair).ok());
+  // Without sinks: the segment alone has none.
+  REQUIRE(cpu::plan(policy<scorers::snapkv<8>, selectors::per_head, allocators::fair>{s, {}, {{0, 0}}}, in, segs, {}, 0.5, fair).ok());
   for (const segment seg : segs) {
     // The segment alone: its keys and queries as a contiguous cache of seg.size() tokens.
     kv_view<const float> k{keys.data() + seg.begin * D, 1, H, seg.size(), D, H * 100 * D, 100 * D, D, 1};

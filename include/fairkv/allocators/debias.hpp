@@ -1,8 +1,8 @@
 // Debiasing between the policy's own allocation (lambda = 0: each segment keeps what the plain policy would
 // keep of it) and fair (lambda = 1): budget_g = (1 - lambda) * own_g + lambda * fair_g, made integer by largest
 // remainder so each head still keeps exactly n_keep. Within a segment, tokens are chosen on segment-local scores,
-// as under fair, so lambda = 1 is exactly `fair_with_whitelist`; at lambda = 0 the per-segment counts are exactly
-// the plain policy's (and so is the kept set, for scorers that are not attention-based).
+// as under fair, so lambda = 1 is exactly `fair_with_whitelist` with the same protection; at lambda = 0 the
+// per-segment counts are exactly the plain policy's (and so is the kept set, for scorers that are not attention-based).
 #pragma once
 
 #include <cmath>
@@ -10,6 +10,7 @@
 
 #include "fairkv/allocator.hpp"
 #include "fairkv/allocators/detail/proportional.hpp"
+#include "fairkv/allocators/protection.hpp"
 
 namespace fairkv::allocators {
 
@@ -21,6 +22,7 @@ struct debias {
   static constexpr const char* name = "debias";
 
   float lambda = 1.0f;
+  protection protect{};  // sinks and boundary tokens, forced like the whitelist (allocators/protection.hpp)
 
   [[nodiscard]] result allocate(const allocation_context& ctx, std::span<std::int64_t> budgets) const noexcept {
     if (!(lambda >= 0.f && lambda <= 1.f))

@@ -16,7 +16,9 @@
 
 #include "fairkv/allocators/uniform.hpp"
 #include "fairkv/cpu/score.hpp"
+#include "fairkv/cpu/score_paper.hpp"
 #include "fairkv/detail/order.hpp"
+#include "fairkv/detail/protected_tokens.hpp"
 #include "fairkv/detail/validate.hpp"
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/layer_inputs.hpp"
@@ -195,19 +197,34 @@ template <class S, class Sel, class A, class KeySource, class Q>
   std::sort(w.order, w.order + n_segments,
             [&](std::int64_t a, std::int64_t b) { return segments[a].begin < segments[b].begin; });
 
+  constexpr bool paper = is_paper_allocator_v<A>;
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t L = in.keys.tokens_of(b);
     const std::int64_t n_keep = keep_budget(L, ratio);
     const std::int64_t ld = max_tokens;
 
-    // ---- groups and their maximal runs ----
+    // ---- groups (the segments in position order, then the remainder) and their maximal runs ----
+    // The paper's mode widens its two spans to [0, split) and [split, L); its StreamingLLM keeps one group.
+    detail::paper_spans spans;
+    segment widened[2];
+    std::span<const segment> group_segments = segments;
+    std::int64_t n_groups_seg = n_segments;
+    if constexpr (paper) {
+      const segment& first = segments[w.order[0]];
+      spans = {first.begin, first.end, segments[w.order[1]].end};
+      widened[0] = {0, first.end};
+      widened[1] = {first.end, static_cast<std::int32_t>(L)};
+      group_segments = is_streaming_llm_v<S> ? std::span<const segment>{} : std::span<const segment>(widened);
+      n_groups_seg = static_cast<std::int64_t>(group_segments.size());
+    }
+    auto seg_at = [&](std::int64_t i) -> const segment& { return paper ? group_segments[i] : segments[w.order[i]]; };
     std::int64_t covered = 0;
-    for (std::int64_t i = 0; i < n_segments; ++i) covered += segments[w.order[i]].size();
-    const std::int64_t groups = n_segments + (covered < L ? 1 : 0);
-    const std::int64_t remainder = n_segments;
+    for (std::int64_t i = 0; i < n_groups_seg; ++i) covered += seg_at(i).size();
+    const std::int64_t groups = n_groups_seg + (covered < L ? 1 : 0);
+    const std::int64_t remainder = n_groups_seg;
     std::fill(w.group_of, w.group_of + L, static_cast<std::int32_t>(remainder));
-    for (std::int64_t i = 0; i < n_segments; ++i) {
-      const segment& s = segments[w.order[i]];
+    for (std::int64_t i = 0; i < n_groups_seg; ++i) {
+      const segment& s = seg_at(i);
       std::fill(w.group_of + s.begin, w.group_of + s.end, static_cast<std::int32_t>(i));
     }
     std::int64_t n_runs = 0;
@@ -234,9 +251,18 @@ template <class S, class Sel, class A, class KeySource, class Q>
                            "tokens at ratio %g",
                            static_cast<long long>(forced_total), static_cast<long long>(b),
                            static_cast<long long>(n_keep), static_cast<long long>(L), ratio);
+    FAIRKV_TRY(add_protected(protection_of(pol.allocator), segments, L, n_keep, b, ratio, forced_total,
+                             [&](std::int64_t t) {
+                               if (w.forced[t]) return false;
+                               w.forced[t] = 1;
+                               ++w.forced_n[w.group_of[t]];
+                               return true;
+                             }));
 
     // ---- scores ----
-    if constexpr (local) {
+    if constexpr (paper) {
+      FAIRKV_TRY(detail::score_paper(pol.scorer, in, b, L, spans, w.scores, ld, w.tmp));
+    } else if constexpr (local) {
       for (std::int64_t r = 0; r < n_runs; ++r)
         FAIRKV_TRY(detail::score_region(pol.scorer, in, b, L, w.runs[r].begin, w.runs[r].end, w.scores, ld, w.tmp));
     } else {

@@ -11,6 +11,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "fairkv/detail/order.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/scorer.hpp"
 #include "fairkv/status.hpp"
@@ -90,7 +91,8 @@ result attention_row(const layer_inputs<KeySource, Q>& in, std::int64_t b, std::
 }
 
 // Window tokens (and TOVA's anchor) score max + 1 over the region's scored tokens of every head, as kvpress pads
-// them: they are kept whenever the budget allows.
+// them: they are kept whenever the budget allows. Token j of the window is raised by j ulps (detail/order.hpp's
+// raised_by), so a budget smaller than the window keeps its most recent tokens.
 inline void pad_with_max_plus_one(float* scores, std::int64_t ld, std::int64_t heads, std::int64_t rb,
                                   std::int64_t scored_end, std::int64_t re) {
   float m = -std::numeric_limits<float>::infinity();
@@ -99,7 +101,8 @@ inline void pad_with_max_plus_one(float* scores, std::int64_t ld, std::int64_t h
       if (!std::isnan(scores[h * ld + t])) m = std::max(m, scores[h * ld + t]);
   const float pad = (scored_end > rb) ? m + 1.f : 1.f;
   for (std::int64_t h = 0; h < heads; ++h)
-    for (std::int64_t t = scored_end; t < re; ++t) scores[h * ld + t] = pad;
+    for (std::int64_t t = scored_end; t < re; ++t)
+      scores[h * ld + t] = fairkv::detail::raised_by(pad, static_cast<std::uint32_t>(t - scored_end));
 }
 
 // Scores of region [rb, re) of sequence b (length L) for every KV head: scores[h * ld + t].

@@ -27,4 +27,15 @@ namespace fairkv::detail {
   return ~static_cast<std::uint32_t>(key);
 }
 
+// The score `steps` places above `score` in the order above (one ulp per step), saturating at the largest finite
+// float. Scorers that pad a run of tokens with one value (SnapKV's window) raise token j of the run by j steps,
+// so when the budget cannot keep the whole run the most recent tokens win the tie, not the earliest, while every
+// padded token still outranks every scored one.
+[[nodiscard]] FAIRKV_HOST_DEVICE constexpr float raised_by(float score, std::uint32_t steps) noexcept {
+  constexpr std::uint32_t top = 0xFF7FFFFFu;  // order_bits(FLT_MAX)
+  const std::uint32_t code = order_bits(score);
+  const std::uint32_t raised = code >= top || top - code < steps ? (code > top ? code : top) : code + steps;
+  return std::bit_cast<float>((raised & 0x80000000u) != 0u ? (raised & 0x7FFFFFFFu) : ~raised);
+}
+
 }  // namespace fairkv::detail

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 
+#include "fairkv/detail/protected_tokens.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/policy.hpp"
 #include "fairkv/segments.hpp"
@@ -127,7 +128,17 @@ template <class S, class Sel, class A, class KeySource, class Q>
                            whitelist.size(), A::name);
   }
   FAIRKV_TRY(validate_segments(segments, min_tokens));
+  if constexpr (is_paper_allocator_v<A>) {
+    const bool adjacent = segments.size() == 2 &&
+                          (segments[0].end == segments[1].begin || segments[1].end == segments[0].begin);
+    if (!adjacent)
+      return result::error(status::invalid_argument,
+                           "allocator '%s' takes exactly two adjacent segments (the paper's defense and "
+                           "system-instruction spans, in either order); got %zu%s",
+                           A::name, segments.size(), segments.size() == 2 ? " that do not touch" : "");
+  }
   FAIRKV_TRY(validate_whitelist(whitelist, min_tokens));
+  FAIRKV_TRY(validate_protection(protection_of(pol.allocator)));
   FAIRKV_TRY(validate_scorer(pol.scorer));
   if constexpr (Sel::kind == selection_kind::head_adaptive) {
     if (!(pol.selector.alpha_safeguard >= 0.f && pol.selector.alpha_safeguard <= 1.f))
