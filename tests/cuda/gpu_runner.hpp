@@ -21,7 +21,8 @@ struct device_info {
 // Host-only entry points: they never touch the device (dummy device pointers), so they run without a GPU.
 [[nodiscard]] fairkv::result gpu_can_implement(const host_case& c);
 [[nodiscard]] fairkv::result gpu_size_query(const host_case& c, std::size_t& bytes);
-[[nodiscard]] fairkv::result gpu_plan_debias(const host_case& c);  // cuda::plan with allocators::debias
+// cuda::plan's size query with an allocator only the CPU implements: allocators::debias, or fair_paper (paper).
+[[nodiscard]] fairkv::result gpu_plan_cpu_only(const host_case& c, bool paper);
 [[nodiscard]] int cuda_max_segments();                            // fairkv::cuda::max_segments
 
 // Device entry points: upload, run on a stream (optionally captured into a CUDA graph and replayed), download.

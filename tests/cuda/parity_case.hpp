@@ -12,6 +12,7 @@
 
 #include "fairkv/allocators/debias.hpp"
 #include "fairkv/allocators/fair.hpp"
+#include "fairkv/allocators/fair_paper.hpp"
 #include "fairkv/allocators/uniform.hpp"
 #include "fairkv/allocators/whitelist.hpp"
 #include "fairkv/dtype.hpp"
@@ -70,6 +71,7 @@ struct host_case {
   std::int32_t window = 16;
   std::vector<fairkv::segment> segments;
   std::vector<std::int32_t> whitelist;
+  fairkv::allocators::protection protect{};     // fair, fair_with_whitelist: sinks and boundary tokens
   std::vector<unsigned char> k_bytes, v_bytes;  // element storage in `layout`, `dtype`
   std::vector<float> queries;                   // [batch, q_heads, q_tokens, head_dim]
   std::vector<float> attention;                 // [batch, q_heads, tokens (rows), tokens]
@@ -129,8 +131,8 @@ fairkv::result with_policy(const host_case& c, F&& f) {
     switch (c.allocator) {
       case allocator_id::uniform: return go(allocators::uniform{});
       case allocator_id::whitelist: return go(allocators::whitelist{});
-      case allocator_id::fair: return go(allocators::fair{});
-      case allocator_id::fair_with_whitelist: return go(allocators::fair_with_whitelist{});
+      case allocator_id::fair: return go(allocators::fair{c.protect});
+      case allocator_id::fair_with_whitelist: return go(allocators::fair_with_whitelist{c.protect});
       case allocator_id::debias: break;  // only checked for the CUDA backend's not_supported (see the tests)
     }
     return result::error(status::not_supported, "test: allocator not compiled");

@@ -93,6 +93,14 @@ host_case random_case(std::mt19937& rng, scorer_id s, selector_id sel, allocator
     for (std::int64_t i = 0; i < n; ++i) c.whitelist.push_back(static_cast<std::int32_t>(rng() % L));
     if (!c.whitelist.empty() && rng() % 2) c.whitelist.push_back(c.whitelist.front());  // duplicates count once
   }
+  if (uses_segments(a)) {
+    // Sinks (none, the default, many) and boundary tokens where the budget holds them with the whitelist.
+    c.protect.n_sink = static_cast<std::int32_t>(pick({0, 4, 4, 9}));
+    c.protect.boundary = static_cast<std::int32_t>(pick({0, 0, 1, 3}));
+    std::int64_t hard = static_cast<std::int64_t>(std::set<std::int32_t>(c.whitelist.begin(), c.whitelist.end()).size());
+    for (const fairkv::segment& s : c.segments) hard += std::min<std::int64_t>(s.size(), 2 * c.protect.boundary);
+    if (hard > fairkv::keep_budget(L, c.ratio) || hard > 1000) c.protect.boundary = 0;
+  }
   const std::int64_t bytes = storage_elements(c) * dtype_bytes(d);
   c.k_bytes.resize(static_cast<std::size_t>(bytes));
   c.v_bytes.resize(static_cast<std::size_t>(bytes));
@@ -349,9 +357,13 @@ TEST_SUITE("cuda_host") {
     CHECK(w.code() == status::not_supported);
     CHECK(std::string(w.message()).find("1024") != std::string::npos);
     c.whitelist.clear();
-    const result d = gpu_plan_debias(c);
+    const result d = gpu_plan_cpu_only(c, false);
     CHECK(d.code() == status::not_supported);
     CHECK(std::string(d.message()).find("debias") != std::string::npos);
+    c.segments = {{0, 100}, {100, 3000}};
+    const result pp = gpu_plan_cpu_only(c, true);
+    CHECK(pp.code() == status::not_supported);
+    CHECK(std::string(pp.message()).find("fair_paper") != std::string::npos);
   }
 }
 

@@ -157,13 +157,22 @@ template <class S, class Sel, class A, class KeySource, class Q>
                          "implement it (use fairkv::cpu::plan)",
                          A::name);
   }
+  if constexpr (fairkv::detail::is_paper_allocator_v<A>) {
+    return result::error(status::not_supported,
+                         "allocator '%s' (the paper's two-span statistics) is implemented by the CPU backend only "
+                         "(use fairkv::cpu::plan)",
+                         A::name);
+  }
   if (segments.size() > static_cast<std::size_t>(max_segments))
     return result::error(status::not_supported, "%zu segments were given; the CUDA backend supports at most %d",
                          segments.size(), max_segments);
-  if (whitelist.size() > static_cast<std::size_t>(max_whitelist))
+  const allocators::protection protect = fairkv::detail::protection_of(pol.allocator);
+  const std::int64_t protected_n = fairkv::detail::protected_bound(protect, L, segments);
+  if (static_cast<std::int64_t>(whitelist.size()) + protected_n > max_whitelist)
     return result::error(status::not_supported,
-                         "a whitelist of %zu positions was given; the CUDA backend supports at most %d", whitelist.size(),
-                         max_whitelist);
+                         "a whitelist of %zu positions plus %lld sink and boundary tokens was given; the CUDA backend "
+                         "forces at most %d",
+                         whitelist.size(), static_cast<long long>(protected_n), max_whitelist);
   const std::int64_t groups_bound = static_cast<std::int64_t>(segments.size()) + 1;
   if (heads * groups_bound > max_budget_entries)
     return result::error(status::not_supported,
@@ -202,9 +211,6 @@ template <class S, class Sel, class A, class KeySource, class Q>
   for (std::size_t i = 0; i < whitelist.size(); ++i) p.forced[i] = whitelist[i];
   std::sort(p.forced, p.forced + whitelist.size());
   p.n_forced = static_cast<std::int32_t>(std::unique(p.forced, p.forced + whitelist.size()) - p.forced);
-  std::int64_t sizes[max_groups] = {}, forced_n[max_groups] = {}, scratch[max_groups] = {};
-  for (std::int32_t g = 0; g < p.groups; ++g) sizes[g] = p.sizes[g];
-  for (std::int32_t i = 0; i < p.n_forced; ++i) ++forced_n[group_of(p, p.forced[i])];
   const std::int64_t n_keep = keep_budget(L, ratio);
   // Every sequence of a kv_view has the same length, so the CPU would report sequence 0 first.
   if (p.n_forced > n_keep)
@@ -213,6 +219,20 @@ template <class S, class Sel, class A, class KeySource, class Q>
                          "tokens at ratio %g",
                          static_cast<long long>(p.n_forced), 0LL, static_cast<long long>(n_keep),
                          static_cast<long long>(L), ratio);
+  // ---- sinks and boundary tokens, inserted into the sorted list (bounded above by max_whitelist) ----
+  std::int64_t n_forced = p.n_forced;
+  FAIRKV_TRY(fairkv::detail::add_protected(protect, segments, L, n_keep, 0, ratio, n_forced, [&](std::int64_t t) {
+    std::int32_t* end = p.forced + p.n_forced;
+    std::int32_t* at = std::lower_bound(p.forced, end, static_cast<std::int32_t>(t));
+    if (at != end && *at == t) return false;
+    std::copy_backward(at, end, end + 1);
+    *at = static_cast<std::int32_t>(t);
+    ++p.n_forced;
+    return true;
+  }));
+  std::int64_t sizes[max_groups] = {}, forced_n[max_groups] = {}, scratch[max_groups] = {};
+  for (std::int32_t g = 0; g < p.groups; ++g) sizes[g] = p.sizes[g];
+  for (std::int32_t i = 0; i < p.n_forced; ++i) ++forced_n[group_of(p, p.forced[i])];
 
   // ---- budgets per (head, group), checked exactly as the CPU checks them ----
   std::int64_t budgets[max_budget_entries] = {};

@@ -15,7 +15,7 @@ inline constexpr int max_segments = 31;                   // caller's segments p
 inline constexpr int max_runs = 2 * max_segments + 1;     // maximal runs of one group (segments + remainder gaps)
 inline constexpr int max_groups = max_segments + 1;       // segments + the remainder
 inline constexpr int max_budget_entries = 1024;           // heads * groups
-inline constexpr int max_whitelist = 1024;                // distinct whitelisted positions
+inline constexpr int max_whitelist = 1024;                // distinct forced positions (whitelist + protection)
 
 namespace detail {
 
@@ -29,7 +29,7 @@ struct plan_params {
   std::int32_t tokens = 0;     // L, the same for every sequence of a kv_view
   std::int32_t n_runs = 0;
   std::int32_t groups = 0;
-  std::int32_t n_forced = 0;   // distinct whitelisted positions
+  std::int32_t n_forced = 0;   // distinct forced positions: whitelist, sinks, boundary tokens
   float alpha = 0.f;           // head_adaptive safeguard
   std::int32_t forced_n[max_groups];            // [groups] whitelisted tokens per group
   std::int32_t sizes[max_groups];               // [groups] tokens per group

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "fairkv/cuda/detail/params.cuh"
+#include "fairkv/detail/order.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/scorer.hpp"
 
@@ -197,7 +198,8 @@ __global__ void attention_finalize_kernel(__grid_constant__ const attention_para
 }
 
 // One block per (region, batch): the window tokens (or TOVA's anchor) score max + 1 over the region's scored
-// tokens of every head, NaN ignored; 1 when nothing is scored. scores [batch * heads, tokens]
+// tokens of every head, NaN ignored; 1 when nothing is scored; window token j raised by j ulps so ties keep the
+// most recent (as cpu/score.hpp). scores [batch * heads, tokens]
 template <int = 0>
 __global__ void __launch_bounds__(attention_threads)
     attention_pad_kernel(__grid_constant__ const attention_params a, std::int32_t heads, std::int32_t tokens, float* scores) {
@@ -217,7 +219,8 @@ __global__ void __launch_bounds__(attention_threads)
   __syncthreads();
   const std::int64_t w = reg.end - reg.begin - reg.scored;
   for (std::int64_t i = threadIdx.x; i < heads * w; i += attention_threads)
-    scores[(b * heads + i / w) * tokens + reg.begin + reg.scored + i % w] = pad;
+    scores[(b * heads + i / w) * tokens + reg.begin + reg.scored + i % w] =
+        fairkv::detail::raised_by(pad, static_cast<std::uint32_t>(i % w));
 }
 
 }  // namespace fairkv::cuda::detail
