@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import aggregate, data, harness, plots
+from . import aggregate, data, harness, jsonl, plots
 from .data import REPO_ROOT
 from .runner import Request, RunnerError, find_runner, run as run_runner
 
@@ -125,12 +125,14 @@ def cmd_run(a) -> int:
     runs = harness.plan(subset, data.load_defenses(data_dir), a.defenses, a.policies, a.variants, ratios)
     s = harness.Settings(window=a.window, max_new_tokens=a.max_new_tokens, threads=a.threads,
                          whitelist_mode=a.whitelist_mode, model=a.model, max_batch=a.max_batch)
-    done = harness.done_ids(out)
+    previous = jsonl.scan(out)   # read once: a bad line is named here and counted in the final stats
+    jsonl.warn(out, previous)
+    done = harness.done_ids(previous.records)
     pending = [x for x in runs if x.run_id(s) not in done]
     print(f"plan: {len(subset)} items x {len(a.defenses)} defenses, ratios {ratios}: {len(runs)} runs, "
           f"{len(runs) - len(pending)} already in {out}", file=sys.stderr)
     # Runs of sweeps (one invocation per system prompt) carry their share of the invocation's wall time.
-    done_recs = [r for r in harness.read_jsonl(out) if r.get("status") == "ok" and r.get("wall_s")]
+    done_recs = [r for r in previous.records if r.get("status") == "ok" and r.get("wall_s")]
     walls = [r["wall_s"] for r in done_recs if r.get("invocation_configs")] or [r["wall_s"] for r in done_recs]
     if walls and pending:
         mean = sum(walls) / len(walls)
@@ -147,20 +149,20 @@ def cmd_run(a) -> int:
         keep = {x.run_id(s) for x in pending[: a.limit]}
         runs = [x for x in runs if x.run_id(s) in keep]
     stats = harness.execute(runs, out, binary, data.load_attack(data_dir), s, jobs=a.jobs,
-                            progress=not a.no_progress)
+                            progress=not a.no_progress, previous=previous)
     print(json.dumps(stats), file=sys.stderr)
     return 0 if stats["error"] == 0 else 1
 
 
 def cmd_report(a) -> int:
     inputs = a.inputs or [SMALL_OUT]
-    records = [r for path in inputs for r in harness.read_jsonl(path)]
+    records = [r for path in inputs for r in jsonl.read(path)]
     if not a.all_items:
         records, dropped = aggregate.complete_only(records)
         if dropped:
             print(f"left out {len(dropped)} items without every configuration (stopped part-way): {dropped}",
                   file=sys.stderr)
-    overhead = harness.read_jsonl(a.overhead) if a.overhead else []
+    overhead = jsonl.read(a.overhead) if a.overhead else []
     md = aggregate.report_markdown(records, overhead)
     a.md_out.parent.mkdir(parents=True, exist_ok=True)
     a.md_out.write_text(md + "\n", encoding="utf-8")
@@ -195,9 +197,8 @@ def cmd_overhead(a) -> int:
     print(f"overhead: {len(items)} items x {len(a.policies)} policies x {len(a.variants)} variants at ratio "
           f"{a.ratio:g}, {a.repeat} rounds: {total} runner invocations", file=sys.stderr)
     bar = None if a.no_progress else harness.progress_bar(total)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
     errors = 0
-    with open(a.out, "w", encoding="utf-8") as f:
+    with jsonl.Writer(a.out, append=False) as w:
         for rep in range(a.repeat):
             for run in runs:
                 req = harness.request_for(run, attack, s)
@@ -212,13 +213,12 @@ def cmd_overhead(a) -> int:
                 except (RunnerError, OSError) as e:
                     errors += 1
                     rec.update(status="error", error=str(e)[:500])
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-                f.flush()
+                w.write([rec])
                 if bar is not None:
                     bar.update(1)
     if bar is not None:
         bar.close()
-    print(aggregate.overhead_table(harness.read_jsonl(a.out)))
+    print(aggregate.overhead_table(jsonl.read(a.out)))
     print(f"wrote {a.out}", file=sys.stderr)
     return 0 if errors == 0 else 1
 

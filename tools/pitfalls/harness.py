@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import json
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from . import metrics
+from . import jsonl, metrics
 from .data import Item
 from .runner import Config, Request, RunnerError, SweepRequest, is_budget_error
 from .segments import SystemTurn, build_system_turn, whitelist_phrases
@@ -18,6 +17,7 @@ from .segments import SystemTurn, build_system_turn, whitelist_phrases
 POLICIES = ("knorm", "streaming_llm", "snapkv", "tova", "h2o")
 VARIANTS = ("plain", "whitelist", "fair", "fair+whitelist")
 DEFENSES = ("standard", "flipped")
+DONE = ("ok", "infeasible")   # statuses of runs that are not done again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,26 +128,9 @@ def score(run: Run, doc: dict) -> dict:
     }
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                # A line cut by an interrupted run: ignore it, the run is simply done again.
-                print(f"warning: {path}:{n}: unreadable line skipped", file=sys.stderr)
-    return out
-
-
-def done_ids(path: Path) -> set[str]:
+def done_ids(records: Iterable[dict]) -> set[str]:
     """Runs that need no repeat: answered, or impossible by construction (whitelist > budget)."""
-    return {r["run_id"] for r in read_jsonl(path) if r.get("status") in ("ok", "infeasible")}
+    return {r["run_id"] for r in records if r.get("status") in DONE}
 
 
 def progress_bar(total: int):
@@ -163,17 +146,20 @@ SweepFn = Callable[[Path, SweepRequest], tuple[list, float]]
 
 
 def execute(runs: list[Run], out: Path, binary: Path, attack: str, s: Settings, jobs: int = 1,
-            run_fn: SweepFn | None = None, progress: bool = True) -> dict:
-    """Run what is not yet in `out`: one runner invocation per system prompt (all its pending configurations),
-    appending one JSON line per run as soon as its invocation finishes."""
+            run_fn: SweepFn | None = None, progress: bool = True, previous: jsonl.Scan | None = None) -> dict:
+    """Run what is not yet in `out` (`previous`: its scan, when the caller has read it already): one runner
+    invocation per system prompt (all its pending configurations), appending one JSON line per run as soon as its
+    invocation finishes (jsonl.Writer: whole lines, on disk before the next invocation's)."""
     from . import runner as runner_mod
 
     run_fn = run_fn or runner_mod.run_sweep
-    done = done_ids(out)
+    if previous is None:
+        previous = jsonl.scan(out)
+        jsonl.warn(out, previous)
+    done = done_ids(previous.records)
     todo = [r for r in runs if r.run_id(s) not in done]
     stats = {"planned": len(runs), "skipped": len(runs) - len(todo), "ok": 0, "infeasible": 0, "error": 0,
-             "invocations": 0, "wall_s": 0.0}
-    out.parent.mkdir(parents=True, exist_ok=True)
+             "invocations": 0, "wall_s": 0.0, "bad_lines": len(previous.bad)}
     lock = threading.Lock()
     bar = progress_bar(len(todo)) if progress and todo else None
     t_start = time.perf_counter()
@@ -210,15 +196,14 @@ def execute(runs: list[Run], out: Path, binary: Path, attack: str, s: Settings, 
             finished(rec)
         return recs
 
-    with open(out, "a", encoding="utf-8") as f, cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with jsonl.Writer(out) as w, cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [pool.submit(one_group, g) for g in groups(todo)]
         for fut in cf.as_completed(futures):
             recs = fut.result()
             with lock:
+                w.write(recs)
                 for rec in recs:
-                    f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                     stats[rec["status"]] += 1
-                f.flush()
                 stats["invocations"] += 1
                 if bar is not None:
                     bar.update(len(recs))
