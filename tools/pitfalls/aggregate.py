@@ -6,7 +6,11 @@ import statistics
 from collections import defaultdict
 from typing import Iterable
 
-SEGMENTS = ("defense", "instructions", "preamble")
+from .harness import DONE, VARIANT_SPECS, VARIANTS as VARIANT_ORDER, Settings
+from .segments import SYSTEM_PROMPT
+
+SEGMENTS = ("defense", "instructions", "preamble", SYSTEM_PROMPT)
+DEFAULTS = Settings()
 
 
 def latest(records: Iterable[dict]) -> dict[str, dict]:
@@ -26,13 +30,38 @@ def _mean(xs: list[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
-VARIANT_ORDER = ("plain", "whitelist", "fair", "fair+whitelist")
-
-
 def variant_label(r: dict) -> str:
-    """The variant, marked when its whitelist is the whole defense (not the default refusal sentence),
-    so that runs of both whitelist modes in one JSONL are not averaged together."""
-    return r["variant"] + (" [whole defense]" if r.get("whitelist_mode") == "defense" else "")
+    """The variant, marked where the record's settings are not the harness's defaults, so that runs of different
+    settings in one JSONL are not averaged together: a whitelist of the whole defense (not the default refusal
+    sentence), other attention sinks or another boundary. Fair runs recorded before the runner had these options
+    (no `sinks` field) were proportional with no sinks and no boundary: `fair [sinks 0]`."""
+    label = r["variant"] + (" [whole defense]" if r.get("whitelist_mode") == "defense" else "")
+    spec = VARIANT_SPECS.get(r["variant"])
+    if r.get("fair") and spec is not None:
+        sinks = r.get("sinks") or 0
+        boundary = r.get("boundary") or 0
+        if sinks != DEFAULTS.sinks:
+            label += f" [sinks {sinks}]"
+        if boundary != (DEFAULTS.boundary if spec.boundary else 0):
+            label += f" [boundary {boundary}]"
+    return label
+
+
+def kept_of(r: dict, segment: str) -> float | None:
+    """The kept fraction of one segment in one record. Paper mode (fair_paper) marks two spans only, the defense
+    and the system prompt (preamble + instructions): its instructions figure is that whole span's. Records with
+    separate preamble and instructions give the system-prompt span as their token-weighted mean."""
+    kept = r.get("kept") or {}
+    if segment in kept:
+        return kept[segment]
+    if segment == "instructions":
+        return kept.get(SYSTEM_PROMPT)
+    if segment == SYSTEM_PROMPT:
+        parts = [g for g in r.get("segments") or [] if g.get("name") in ("preamble", "instructions")]
+        n = sum(g.get("tokens") or 0 for g in parts)
+        if len(parts) == 2 and n and all(g.get("kept_fraction") is not None for g in parts):
+            return sum(g["kept_fraction"] * g["tokens"] for g in parts) / n
+    return None
 
 
 def axes(records: list[dict]) -> dict[str, list]:
@@ -73,7 +102,7 @@ def summarize(rs: list[dict]) -> dict:
         "ifeval_strict": _mean([1.0 if x else 0.0 for x in strict]),
         "ifeval_loose": _mean([1.0 if x else 0.0 for x in loose]),
         "ifeval_prompt_strict": _mean([1.0 if all(r["ifeval"]["strict"]) else 0.0 for r in rs]),
-        "kept": {s: _mean([r.get("kept", {}).get(s) for r in rs]) for s in SEGMENTS},
+        "kept": {s: _mean([kept_of(r, s) for r in rs]) for s in SEGMENTS},
         "compress_ms": t("compress"), "prefill_ms": t("prefill"), "decode_ms": t("decode"),
         "decode_ms_per_token": dec_tok,
     }
@@ -88,19 +117,25 @@ def grid(records: list[dict]) -> dict[tuple, dict]:
 
 def complete_only(records: Iterable[dict]) -> tuple[list[dict], list[int]]:
     """Keep the items that have a finished run (answered or infeasible) for every configuration any item
-    has, so that every cell averages over the same items when a sweep was stopped part-way."""
-    done = [r for r in latest(records).values() if r.get("status") in ("ok", "infeasible")]
+    has, so that every cell averages over the same items when a sweep was stopped part-way. Their runs that do
+    not apply (recorded, never run) are kept too."""
+    last = latest(records).values()
+    done = [r for r in last if r.get("status") in ("ok", "infeasible")]
     confs: dict[int, set] = defaultdict(set)
     for r in done:
         confs[r["key"]].add((r["defense"], r["policy"], variant_label(r), float(r["ratio"])))
     union = set().union(*confs.values()) if confs else set()
     keep = {k for k, c in confs.items() if c == union}
     dropped = sorted(k for k in confs if k not in keep)
-    return [r for r in done if r["key"] in keep], dropped
+    return [r for r in last if r.get("status") in DONE and r["key"] in keep], dropped
+
+
+def with_status(records: Iterable[dict], status: str) -> list[dict]:
+    return [r for r in latest(records).values() if r.get("status") == status]
 
 
 def infeasible(records: Iterable[dict]) -> list[dict]:
-    return [r for r in latest(records).values() if r.get("status") == "infeasible"]
+    return with_status(records, "infeasible")
 
 
 # ------------------------------------------------------------------------- instruction classes
@@ -169,6 +204,10 @@ def metric_table(g: dict, ax: dict, defense: str, key: str, digits: int = 3) -> 
             cells = [fmt(g[(defense, p, v, q)].get(key), digits) for q in ax["ratio"]]
             rows.append([p, v] + cells)
     return _table(["policy", "variant"] + [f"{q:g}" for q in ax["ratio"]], rows)
+
+
+KEPT_NOTE = ("fair_paper marks two spans only (paper mode): its instructions figure (also in the summary's gap) is "
+             "the kept fraction of the whole system-prompt span, preamble + instructions.")
 
 
 def kept_table(g: dict, ax: dict, defense: str) -> str:
@@ -270,9 +309,10 @@ def report_markdown(records_all: list[dict], overhead_records: list[dict] | None
     for title, key, digits in sections:
         for d in ax["defense"]:
             out += [f"#### {title} — {d} defense", "", metric_table(g, ax, d, key, digits), ""]
+    paper = any(v.split(" ")[0] == "fair_paper" for v in ax["variant"])
     for d in ax["defense"]:
         out += [f"#### Kept fraction of the defense / instruction segments — {d} defense", "",
-                kept_table(g, ax, d), ""]
+                kept_table(g, ax, d), ""] + ([KEPT_NOTE, ""] if paper else [])
     out += ["#### IFEval strict accuracy per instruction class (plain policies pooled; instruction count)", "",
             class_table(recs), ""]
     dc = degradation_correlation(recs)
@@ -287,10 +327,19 @@ def report_markdown(records_all: list[dict], overhead_records: list[dict] | None
     else:
         out += ["#### Overhead", "", "_Not measured: run `python3 -m tools.pitfalls overhead`._", ""]
     if inf:
-        by = defaultdict(int)
-        for r in inf:
-            by[(r["defense"], r["policy"], variant_label(r), float(r["ratio"]))] += 1
-        out += ["#### Infeasible runs (whitelist larger than the keep budget; not scored)", "",
-                _table(["defense", "policy", "variant", "ratio", "runs"],
-                       [[d, p, v, f"{q:g}", str(n)] for (d, p, v, q), n in sorted(by.items())]), ""]
+        out += ["#### Infeasible runs (more forced tokens, e.g. the whitelist, than the keep budget; not scored)", "",
+                _count_table(inf), ""]
+    na = with_status(records_all, "not_applicable")
+    if na:
+        out += ["#### Runs that do not apply (recorded, never run)", "", _count_table(na, reason=True), ""]
     return "\n".join(out)
+
+
+def _count_table(records: list[dict], reason: bool = False) -> str:
+    """Runs per (defense, policy, variant, ratio[, reason])."""
+    by: dict[tuple, int] = defaultdict(int)
+    for r in records:
+        extra = (r.get("reason") or "",) if reason else ()
+        by[(r["defense"], r["policy"], variant_label(r), f"{float(r['ratio']):g}") + extra] += 1
+    header = ["defense", "policy", "variant", "ratio"] + (["reason"] if reason else []) + ["runs"]
+    return _table(header, [[*k, str(n)] for k, n in sorted(by.items())])

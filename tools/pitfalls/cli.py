@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import aggregate, data, harness, plots
+from . import aggregate, data, harness, jsonl, plots
 from .data import REPO_ROOT
 from .runner import Request, RunnerError, find_runner, run as run_runner
 
@@ -42,6 +42,21 @@ def _choices(allowed):
     return parse
 
 
+def _count(s: str) -> int:
+    n = int(s)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {n}")
+    return n
+
+
+def fair_options(p: argparse.ArgumentParser) -> None:
+    d = harness.Settings()
+    p.add_argument("--sinks", type=_count, default=d.sinks,
+                   help=f"attention sinks the fair variants keep (--sinks; default {d.sinks})")
+    p.add_argument("--boundary", type=_count, default=d.boundary,
+                   help=f"tokens fair_boundary keeps at each end of every segment (--boundary; default {d.boundary})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python3 -m tools.pitfalls", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -50,16 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--subset", type=int, default=20, help="items: half single-, half multi-instruction (default 20)")
     r.add_argument("--full", action="store_true", help="all 539 items, ratios 0.0..0.9, into results/")
     r.add_argument("--quick", action="store_true",
-                   help=f"{QUICK_ITEMS} items (2 single-, 2 multi-instruction), everything else as the default, "
-                        f"into {QUICK_OUT.relative_to(REPO_ROOT)}: ~10 min on a 2-core machine")
+                   help=f"{QUICK_ITEMS} items (2 single-, 2 multi-instruction), everything else as the default (every "
+                        f"variant), into {QUICK_OUT.relative_to(REPO_ROOT)}: ~15 min on a 2-core machine (estimated "
+                        "from 10 min for the four variants before fair_paper and fair_boundary)")
     r.add_argument("--ratios", type=_ratios, default=None, help="comma list (default 0,0.5,0.9)")
     r.add_argument("--policies", type=_choices(harness.POLICIES), default=list(harness.POLICIES))
-    r.add_argument("--variants", type=_choices(harness.VARIANTS), default=list(harness.VARIANTS))
+    r.add_argument("--variants", type=_choices(harness.VARIANTS), default=list(harness.VARIANTS),
+                   help=f"comma list of {', '.join(harness.VARIANTS)} (default: all; see tools/pitfalls/harness.py)")
     r.add_argument("--defenses", type=_choices(("standard", "flipped", "none")), default=list(harness.DEFENSES))
     r.add_argument("--whitelist-mode", choices=("refusal", "defense"), default="refusal",
                    help="what the whitelist variants force-keep: the defense's refusal sentence (default) or "
                         "the whole defense instruction (120 of ~175 system tokens with SmolLM2: over the keep "
                         "budget from ratio ~0.3 on, recorded as infeasible)")
+    fair_options(r)
     r.add_argument("--runner", default=None, help="fairkv-llama binary (default: $FAIRKV_LLAMA, build*/)")
     r.add_argument("--model", default=None, help="GGUF path (default: the runner finds it)")
     r.add_argument("--out", type=Path, default=None, help=f"JSONL (default {SMALL_OUT.relative_to(REPO_ROOT)}, "
@@ -97,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--defense", choices=("standard", "flipped"), default="standard")
     o.add_argument("--policies", type=_choices(harness.POLICIES), default=list(harness.POLICIES))
     o.add_argument("--variants", type=_choices(harness.VARIANTS), default=list(harness.VARIANTS))
+    fair_options(o)
     o.add_argument("--max-new-tokens", type=int, default=128)
     o.add_argument("--threads", type=int, default=2)
     o.add_argument("--runner", default=None)
@@ -124,13 +143,17 @@ def cmd_run(a) -> int:
     out = a.out or (FULL_OUT if a.full else QUICK_OUT if a.quick else SMALL_OUT)
     runs = harness.plan(subset, data.load_defenses(data_dir), a.defenses, a.policies, a.variants, ratios)
     s = harness.Settings(window=a.window, max_new_tokens=a.max_new_tokens, threads=a.threads,
-                         whitelist_mode=a.whitelist_mode, model=a.model, max_batch=a.max_batch)
-    done = harness.done_ids(out)
+                         whitelist_mode=a.whitelist_mode, model=a.model, max_batch=a.max_batch, sinks=a.sinks,
+                         boundary=a.boundary)
+    previous = jsonl.scan(out)   # read once: a bad line is named here and counted in the final stats
+    jsonl.warn(out, previous)
+    done = harness.done_ids(previous.records)
     pending = [x for x in runs if x.run_id(s) not in done]
     print(f"plan: {len(subset)} items x {len(a.defenses)} defenses, ratios {ratios}: {len(runs)} runs, "
-          f"{len(runs) - len(pending)} already in {out}", file=sys.stderr)
+          f"{len(runs) - len(pending)} already in {out}; {len(pending)} to do in "
+          f"{len(harness.groups(pending))} runner invocations", file=sys.stderr)
     # Runs of sweeps (one invocation per system prompt) carry their share of the invocation's wall time.
-    done_recs = [r for r in harness.read_jsonl(out) if r.get("status") == "ok" and r.get("wall_s")]
+    done_recs = [r for r in previous.records if r.get("status") == "ok" and r.get("wall_s")]
     walls = [r["wall_s"] for r in done_recs if r.get("invocation_configs")] or [r["wall_s"] for r in done_recs]
     if walls and pending:
         mean = sum(walls) / len(walls)
@@ -147,20 +170,20 @@ def cmd_run(a) -> int:
         keep = {x.run_id(s) for x in pending[: a.limit]}
         runs = [x for x in runs if x.run_id(s) in keep]
     stats = harness.execute(runs, out, binary, data.load_attack(data_dir), s, jobs=a.jobs,
-                            progress=not a.no_progress)
+                            progress=not a.no_progress, previous=previous)
     print(json.dumps(stats), file=sys.stderr)
     return 0 if stats["error"] == 0 else 1
 
 
 def cmd_report(a) -> int:
     inputs = a.inputs or [SMALL_OUT]
-    records = [r for path in inputs for r in harness.read_jsonl(path)]
+    records = [r for path in inputs for r in jsonl.read(path)]
     if not a.all_items:
         records, dropped = aggregate.complete_only(records)
         if dropped:
             print(f"left out {len(dropped)} items without every configuration (stopped part-way): {dropped}",
                   file=sys.stderr)
-    overhead = harness.read_jsonl(a.overhead) if a.overhead else []
+    overhead = jsonl.read(a.overhead) if a.overhead else []
     md = aggregate.report_markdown(records, overhead)
     a.md_out.parent.mkdir(parents=True, exist_ok=True)
     a.md_out.write_text(md + "\n", encoding="utf-8")
@@ -184,20 +207,20 @@ def cmd_overhead(a) -> int:
     data_dir = a.data_dir or data.default_data_dir()
     items = data.pick_subset(data.load_items(data_dir), a.subset, a.seed)
     runs = harness.plan(items, data.load_defenses(data_dir), [a.defense], a.policies, a.variants, [a.ratio])
-    runs = [r for r in runs if r.ratio > 0]
+    runs = [r for r in runs if r.ratio > 0 and r.skip is None]
     binary = find_runner(a.runner)
     if binary is None or not binary.is_file():
         print("error: fairkv-llama not found (see `run`)", file=sys.stderr)
         return 2
-    s = harness.Settings(max_new_tokens=a.max_new_tokens, threads=a.threads, model=a.model)
+    s = harness.Settings(max_new_tokens=a.max_new_tokens, threads=a.threads, model=a.model, sinks=a.sinks,
+                         boundary=a.boundary)
     attack = data.load_attack(data_dir)
     total = len(runs) * a.repeat
     print(f"overhead: {len(items)} items x {len(a.policies)} policies x {len(a.variants)} variants at ratio "
           f"{a.ratio:g}, {a.repeat} rounds: {total} runner invocations", file=sys.stderr)
     bar = None if a.no_progress else harness.progress_bar(total)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
     errors = 0
-    with open(a.out, "w", encoding="utf-8") as f:
+    with jsonl.Writer(a.out, append=False) as w:
         for rep in range(a.repeat):
             for run in runs:
                 req = harness.request_for(run, attack, s)
@@ -212,13 +235,12 @@ def cmd_overhead(a) -> int:
                 except (RunnerError, OSError) as e:
                     errors += 1
                     rec.update(status="error", error=str(e)[:500])
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-                f.flush()
+                w.write([rec])
                 if bar is not None:
                     bar.update(1)
     if bar is not None:
         bar.close()
-    print(aggregate.overhead_table(harness.read_jsonl(a.out)))
+    print(aggregate.overhead_table(jsonl.read(a.out)))
     print(f"wrote {a.out}", file=sys.stderr)
     return 0 if errors == 0 else 1
 

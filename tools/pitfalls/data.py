@@ -7,6 +7,8 @@ import os
 import random
 from pathlib import Path
 
+from . import jsonl
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -36,17 +38,19 @@ class Item:
 
 
 def load_items(data_dir: Path) -> list[Item]:
+    path = data_dir / "sys_ifeval.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    s = jsonl.scan(path, required="key", kind=int)
+    if s.bad:   # the evaluation data is read-only and must be whole: no item is silently left out
+        raise ValueError(f"{path}:{s.bad[0].line}: {s.bad[0].reason}")
     items = []
-    with open(data_dir / "sys_ifeval.jsonl", encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            d = json.loads(line)
-            roles = [m["role"] for m in d["messages"]]
-            if roles != ["system", "user"]:
-                raise ValueError(f"item {d['key']}: expected [system, user] messages, got {roles}")
-            items.append(Item(int(d["key"]), d["prompt"], list(d["instruction_id_list"]), list(d["kwargs"]),
-                              d["messages"][0]["content"], d["messages"][1]["content"]))
+    for d in s.records:
+        roles = [m["role"] for m in d["messages"]]
+        if roles != ["system", "user"]:
+            raise ValueError(f"item {d['key']}: expected [system, user] messages, got {roles}")
+        items.append(Item(d["key"], d["prompt"], list(d["instruction_id_list"]), list(d["kwargs"]),
+                          d["messages"][0]["content"], d["messages"][1]["content"]))
     return items
 
 

@@ -1,23 +1,61 @@
-"""The sweep: plan the runs, skip those already in the JSONL, run the rest, score and append them."""
+"""The sweep: plan the runs, skip those already in the JSONL, run the rest, score and append them.
+
+Variants (what each configuration passes to fairkv-llama besides --policy and --ratio; VARIANT_SPECS):
+- `plain`: the policy alone.
+- `whitelist`: `--whitelist PHRASE` (segments.whitelist_phrases; only with a defense).
+- `fair`: fairkv's fair eviction, `--fair --fair-mode proportional --sinks N` (every segment keeps the same
+  fraction; the first N tokens, attention sinks, are kept and charged to the budget; `run --sinks`, default 4).
+- `fair+whitelist`: `fair` and the whitelist.
+- `fair_paper`: the paper's own two-span fair presses, `--fair --fair-mode paper --sinks N`, on the same text
+  marked with exactly two segments, the defense and the system prompt (preamble + instructions: the paper's
+  `defense_span` and `sys_instr_span`, segments.paper_spans). Without a defense there is no second span: those
+  runs are recorded as `not_applicable`, with the reason, and never sent to the runner. The runner reports the
+  kept fraction of the two spans only, so the instructions cannot be told from the preamble: aggregate reports
+  the system-prompt span in their place (documented in its tables).
+- `fair_boundary`: boundary protection, `fair` with `--boundary K` (`run --boundary`, default 2): the first and
+  last K tokens of every segment are kept. Boundary protection is an option of the segment-aware allocators
+  (fair, or a whitelist); plain eviction has no segments to protect, so it is composed with `fair`, and the
+  difference to `fair` is what boundary protection adds.
+Fair variants carry their mode, sinks and boundary in the run id (`|fair:proportional,s4,b0`), so the fair runs
+recorded before these options existed (proportional, no sinks) are not mistaken for the new ones: a resume runs
+the new ones, and aggregate labels the old ones `[sinks 0]`.
+"""
 from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import json
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from . import metrics
+from . import jsonl, metrics
 from .data import Item
 from .runner import Config, Request, RunnerError, SweepRequest, is_budget_error
-from .segments import SystemTurn, build_system_turn, whitelist_phrases
+from .segments import SystemTurn, build_system_turn, paper_spans, whitelist_phrases
 
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    fair_mode: str | None = None      # --fair --fair-mode MODE --sinks Settings.sinks; None: no --fair
+    whitelist: bool = False           # --whitelist (segments.whitelist_phrases)
+    boundary: bool = False            # --boundary Settings.boundary
+
+
+VARIANT_SPECS = {
+    "plain": Variant(),
+    "whitelist": Variant(whitelist=True),
+    "fair": Variant("proportional"),
+    "fair+whitelist": Variant("proportional", whitelist=True),
+    "fair_paper": Variant("paper"),
+    "fair_boundary": Variant("proportional", boundary=True),
+}
 POLICIES = ("knorm", "streaming_llm", "snapkv", "tova", "h2o")
-VARIANTS = ("plain", "whitelist", "fair", "fair+whitelist")
+VARIANTS = tuple(VARIANT_SPECS)
 DEFENSES = ("standard", "flipped")
+DONE = ("ok", "infeasible", "not_applicable")   # statuses of runs that are not done again
+NO_PAPER_SPANS = "paper mode needs two spans, the defense and the system prompt; this system turn has no defense"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,32 +66,43 @@ class Settings:
     whitelist_mode: str = "refusal"   # see segments.whitelist_phrases and docs/results.md
     model: str | None = None
     max_batch: int = 64               # answers the runner decodes together (results do not depend on it)
+    sinks: int = 4                    # attention sinks kept by the fair variants (--sinks)
+    boundary: int = 2                 # tokens kept at each end of every segment by fair_boundary (--boundary)
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
     item: Item
-    turn: SystemTurn
+    turn: SystemTurn          # as marked for the runner: paper_spans(...) for fair_paper
     policy: str
     variant: str
     ratio: float
+    skip: str | None = None   # why the run does not apply (recorded as not_applicable, never run)
+
+    @property
+    def spec(self) -> Variant:
+        return VARIANT_SPECS[self.variant]
 
     def run_id(self, s: Settings) -> str:
-        wl = s.whitelist_mode if "whitelist" in self.variant else "-"
+        v = self.spec
+        wl = s.whitelist_mode if v.whitelist else "-"
+        fair = f"|fair:{v.fair_mode},s{s.sinks},b{s.boundary if v.boundary else 0}" if v.fair_mode else ""
         return (f"{self.item.key}|{self.turn.defense}|{self.policy}|{self.variant}|{self.ratio:.2f}"
-                f"|w{s.window}|wl:{wl}|n{s.max_new_tokens}")
+                f"|w{s.window}|wl:{wl}|n{s.max_new_tokens}{fair}")
 
 
 def plan(items: Iterable[Item], defenses_json: dict[str, str], defenses: Iterable[str],
          policies: Iterable[str], variants: Iterable[str], ratios: Iterable[float]) -> list[Run]:
     """Every (item, defense) gets one uncompressed baseline (policy none, ratio 0: the same for every
     policy and variant, so it is run once) and policy x variant at each ratio > 0. Whitelist variants
-    are left out without a defense: there is nothing to whitelist."""
+    are left out without a defense: there is nothing to whitelist. fair_paper runs get the turn marked with the
+    paper's two spans; without a defense they are planned with a `skip` reason."""
     runs: list[Run] = []
     ratios = sorted(set(float(r) for r in ratios))
     for item in items:
         for d in defenses:
             turn = build_system_turn(item.system, d, defenses_json)
+            paper_turn = paper_spans(turn) if turn.defense_text else None
             if any(r == 0.0 for r in ratios):
                 runs.append(Run(item, turn, "none", "plain", 0.0))
             for r in ratios:
@@ -61,29 +110,39 @@ def plan(items: Iterable[Item], defenses_json: dict[str, str], defenses: Iterabl
                     continue
                 for p in policies:
                     for v in variants:
-                        if "whitelist" in v and not turn.defense_text:
+                        spec = VARIANT_SPECS[v]
+                        if spec.whitelist and not turn.defense_text:
                             continue
-                        runs.append(Run(item, turn, p, v, r))
+                        if spec.fair_mode == "paper":
+                            runs.append(Run(item, paper_turn or turn, p, v, r,
+                                            skip=None if paper_turn else NO_PAPER_SPANS))
+                        else:
+                            runs.append(Run(item, turn, p, v, r))
     return runs
 
 
 def request_for(run: Run, attack: str, s: Settings) -> Request:
-    wl = tuple(whitelist_phrases(run.turn, s.whitelist_mode)) if "whitelist" in run.variant else ()
+    v = run.spec
     return Request(system_marked=run.turn.marked, users=(attack, run.item.user), policy=run.policy,
-                   ratio=run.ratio, fair=run.variant.startswith("fair"), whitelist=wl, window=s.window,
-                   max_new_tokens=s.max_new_tokens, threads=s.threads, model=s.model)
+                   ratio=run.ratio, fair=v.fair_mode is not None,
+                   whitelist=tuple(whitelist_phrases(run.turn, s.whitelist_mode)) if v.whitelist else (),
+                   fair_mode=v.fair_mode, sinks=s.sinks if v.fair_mode else None,
+                   boundary=s.boundary if v.boundary else 0, window=s.window, max_new_tokens=s.max_new_tokens,
+                   threads=s.threads, model=s.model)
 
 
 def config_for(run: Run, s: Settings) -> Config:
     r = request_for(run, "", s)
-    return Config(policy=r.policy, ratio=r.ratio, fair=r.fair, whitelist=r.whitelist)
+    return Config(**{f.name: getattr(r, f.name) for f in dataclasses.fields(Config)})
 
 
 def groups(runs: Iterable[Run]) -> list[list[Run]]:
-    """Runs of the same system prompt (item and defense order), in plan order: one runner invocation each."""
+    """Runs of the same marked system prompt (item, defense order, segment marking), in plan order: one runner
+    invocation each. Runs with a `skip` reason are left out."""
     by: dict[tuple, list[Run]] = {}
     for r in runs:
-        by.setdefault((r.item.key, r.turn.defense, r.turn.marked), []).append(r)
+        if r.skip is None:
+            by.setdefault((r.item.key, r.turn.defense, r.turn.marked), []).append(r)
     return list(by.values())
 
 
@@ -100,7 +159,8 @@ def base_record(run: Run, req: Request, s: Settings) -> dict:
         "run_id": run.run_id(s), "key": it.key, "multi": it.multi, "instruction_id_list": it.instruction_id_list,
         "defense": run.turn.defense, "policy": run.policy, "variant": run.variant, "ratio": run.ratio,
         "fair": req.fair, "whitelist_mode": s.whitelist_mode if req.whitelist else None,
-        "whitelist": list(req.whitelist), "window": s.window, "max_new_tokens": s.max_new_tokens,
+        "whitelist": list(req.whitelist), "fair_mode": req.fair_mode, "sinks": req.sinks, "boundary": req.boundary,
+        "window": s.window, "max_new_tokens": s.max_new_tokens,
     }
 
 
@@ -128,26 +188,10 @@ def score(run: Run, doc: dict) -> dict:
     }
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                # A line cut by an interrupted run: ignore it, the run is simply done again.
-                print(f"warning: {path}:{n}: unreadable line skipped", file=sys.stderr)
-    return out
-
-
-def done_ids(path: Path) -> set[str]:
-    """Runs that need no repeat: answered, or impossible by construction (whitelist > budget)."""
-    return {r["run_id"] for r in read_jsonl(path) if r.get("status") in ("ok", "infeasible")}
+def done_ids(records: Iterable[dict]) -> set[str]:
+    """Runs that need no repeat: answered, impossible by construction (more forced tokens than the budget), or
+    not applicable."""
+    return {r["run_id"] for r in records if r.get("status") in DONE}
 
 
 def progress_bar(total: int):
@@ -163,17 +207,20 @@ SweepFn = Callable[[Path, SweepRequest], tuple[list, float]]
 
 
 def execute(runs: list[Run], out: Path, binary: Path, attack: str, s: Settings, jobs: int = 1,
-            run_fn: SweepFn | None = None, progress: bool = True) -> dict:
-    """Run what is not yet in `out`: one runner invocation per system prompt (all its pending configurations),
-    appending one JSON line per run as soon as its invocation finishes."""
+            run_fn: SweepFn | None = None, progress: bool = True, previous: jsonl.Scan | None = None) -> dict:
+    """Run what is not yet in `out` (`previous`: its scan, when the caller has read it already): one runner
+    invocation per system prompt (all its pending configurations), appending one JSON line per run as soon as its
+    invocation finishes (jsonl.Writer: whole lines, on disk before the next invocation's)."""
     from . import runner as runner_mod
 
     run_fn = run_fn or runner_mod.run_sweep
-    done = done_ids(out)
+    if previous is None:
+        previous = jsonl.scan(out)
+        jsonl.warn(out, previous)
+    done = done_ids(previous.records)
     todo = [r for r in runs if r.run_id(s) not in done]
     stats = {"planned": len(runs), "skipped": len(runs) - len(todo), "ok": 0, "infeasible": 0, "error": 0,
-             "invocations": 0, "wall_s": 0.0}
-    out.parent.mkdir(parents=True, exist_ok=True)
+             "not_applicable": 0, "invocations": 0, "wall_s": 0.0, "bad_lines": len(previous.bad)}
     lock = threading.Lock()
     bar = progress_bar(len(todo)) if progress and todo else None
     t_start = time.perf_counter()
@@ -210,15 +257,21 @@ def execute(runs: list[Run], out: Path, binary: Path, attack: str, s: Settings, 
             finished(rec)
         return recs
 
-    with open(out, "a", encoding="utf-8") as f, cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with jsonl.Writer(out) as w, cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        na = [finished({**base_record(r, request_for(r, attack, s), s), "status": "not_applicable",
+                        "reason": r.skip}) for r in todo if r.skip]
+        if na:
+            w.write(na)
+            stats["not_applicable"] = len(na)
+            if bar is not None:
+                bar.update(len(na))
         futures = [pool.submit(one_group, g) for g in groups(todo)]
         for fut in cf.as_completed(futures):
             recs = fut.result()
             with lock:
+                w.write(recs)
                 for rec in recs:
-                    f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                     stats[rec["status"]] += 1
-                f.flush()
                 stats["invocations"] += 1
                 if bar is not None:
                     bar.update(len(recs))

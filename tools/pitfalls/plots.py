@@ -5,7 +5,9 @@ from pathlib import Path
 
 from . import aggregate as agg
 
-STYLES = {"plain": "-", "whitelist": "--", "fair": ":", "fair+whitelist": "-."}
+STYLES = {"plain": "-", "whitelist": "--", "fair": ":", "fair+whitelist": "-.", "fair_paper": (0, (5, 1, 1, 1, 1, 1)),
+          "fair_boundary": (0, (1, 3))}
+KEPT_VARIANTS = ("plain", "fair", "fair_paper", "fair_boundary")
 
 
 def _plt():
@@ -49,7 +51,8 @@ def _metric_figure(g, ax, key: str, ylabel: str, path: Path, title: str, auto_y:
 
 
 def _kept_figure(g, ax, path: Path) -> Path:
-    """Rows: defenses; columns: policies; defense vs instruction segment, plain (solid) vs fair (dotted)."""
+    """Rows: defenses; columns: policies; defense vs instruction segment, one line style per variant (plain, fair,
+    fair_paper, fair_boundary). fair_paper's instruction line is the whole system-prompt span (aggregate.kept_of)."""
     plt = _plt()
     nd, npol = len(ax["defense"]), len(ax["policy"])
     fig, axs = plt.subplots(nd, npol, figsize=(max(6.0, 3.0 * npol), 2.8 * nd + 0.4), squeeze=False, sharex=True, sharey=True)
@@ -57,13 +60,16 @@ def _kept_figure(g, ax, path: Path) -> Path:
     for i, d in enumerate(ax["defense"]):
         for j, p in enumerate(ax["policy"]):
             a = axs[i][j]
-            for v in [v for v in ("plain", "fair") if v in ax["variant"]]:
+            for v in [v for v in ax["variant"] if v.split(" ")[0] in KEPT_VARIANTS]:
+                base = v.split(" ")[0]
+                faded = {} if v == base else {"lw": 0.8, "alpha": 0.5}   # other settings, e.g. "fair [sinks 0]"
                 for seg in ("defense", "instructions"):
                     pts = [(q, (g[(d, p, v, q)].get("kept") or {}).get(seg)) for q in ax["ratio"]]
                     pts = [(q, y) for q, y in pts if y is not None]
                     if pts:
-                        a.plot([q for q, _ in pts], [y for _, y in pts], STYLES.get(v, "-"), color=colors[seg],
-                               marker="o", ms=3, label=f"{seg} ({v})")
+                        name = "system prompt" if (base, seg) == ("fair_paper", "instructions") else seg
+                        a.plot([q for q, _ in pts], [y for _, y in pts], linestyle=STYLES.get(base, "-"),
+                               color=colors[seg], marker="o", ms=3, label=f"{name} ({v})", **faded)
             qs = ax["ratio"]
             a.plot(qs, [1 - q for q in qs], color="gray", lw=0.8, alpha=0.6, label="1 − ratio")
             a.set_title(f"{p}, {d} defense", fontsize=9)

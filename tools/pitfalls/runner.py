@@ -34,25 +34,26 @@ def find_runner(explicit: str | None = None) -> Path | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Request:
-    system_marked: str          # system text with [[seg:NAME]] markers
-    users: tuple[str, ...]      # each answered independently from the same compressed cache
+class Config:
+    """The compression options of one configuration (one `--config` group of a sweep)."""
     policy: str                 # none | knorm | streaming_llm | snapkv | tova | h2o
     ratio: float
     fair: bool
     whitelist: tuple[str, ...]
+    fair_mode: str | None = None    # --fair-mode proportional|paper (with --fair; paper: exactly two segments)
+    sinks: int | None = None        # --sinks N: attention sinks kept under fair (None: the runner's default, 4)
+    boundary: int = 0               # --boundary K: keep the first and last K tokens of every segment (0: off)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Request(Config):
+    """One configuration run alone."""
+    system_marked: str          # system text with [[seg:NAME]] markers
+    users: tuple[str, ...]      # each answered independently from the same compressed cache
     window: int = 16            # snapkv observation window: the paper uses 16
     max_new_tokens: int = 128
     threads: int = 2
     model: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    policy: str
-    ratio: float
-    fair: bool
-    whitelist: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,36 +75,40 @@ class RunnerError(RuntimeError):
         self.stderr = stderr
 
 
-def command(binary: Path, req: Request, json_path: Path) -> list[str]:
+def config_args(c: Config) -> list[str]:
+    args = ["--policy", c.policy, "--ratio", f"{c.ratio:g}"]
+    if c.fair:
+        args.append("--fair")
+    if c.fair_mode:
+        args += ["--fair-mode", c.fair_mode]
+    if c.sinks is not None:
+        args += ["--sinks", str(c.sinks)]
+    if c.boundary:
+        args += ["--boundary", str(c.boundary)]
+    for w in c.whitelist:
+        args += ["--whitelist", w]
+    return args
+
+
+def _shared_args(binary: Path, req: Request | SweepRequest, json_path: Path) -> list[str]:
     cmd = [str(binary), "--system", req.system_marked]
     for u in req.users:
         cmd += ["--user", u]
-    cmd += ["--policy", req.policy, "--ratio", f"{req.ratio:g}", "--window", str(req.window),
-            "--max-new-tokens", str(req.max_new_tokens), "--threads", str(req.threads),
+    cmd += ["--window", str(req.window), "--max-new-tokens", str(req.max_new_tokens), "--threads", str(req.threads),
             "--json", str(json_path), "--quiet"]
-    if req.fair:
-        cmd.append("--fair")
-    for w in req.whitelist:
-        cmd += ["--whitelist", w]
     if req.model:
         cmd += ["--model", req.model]
     return cmd
 
 
+def command(binary: Path, req: Request, json_path: Path) -> list[str]:
+    return _shared_args(binary, req, json_path) + config_args(req)
+
+
 def sweep_command(binary: Path, req: SweepRequest, json_path: Path) -> list[str]:
-    cmd = [str(binary), "--system", req.system_marked]
-    for u in req.users:
-        cmd += ["--user", u]
-    cmd += ["--window", str(req.window), "--max-new-tokens", str(req.max_new_tokens), "--threads", str(req.threads),
-            "--max-batch", str(req.max_batch), "--json", str(json_path), "--quiet"]
-    if req.model:
-        cmd += ["--model", req.model]
+    cmd = _shared_args(binary, req, json_path) + ["--max-batch", str(req.max_batch)]
     for c in req.configs:
-        cmd += ["--config", "--policy", c.policy, "--ratio", f"{c.ratio:g}"]
-        if c.fair:
-            cmd.append("--fair")
-        for w in c.whitelist:
-            cmd += ["--whitelist", w]
+        cmd += ["--config"] + config_args(c)
     return cmd
 
 
@@ -156,7 +161,9 @@ def run_sweep(binary: Path, req: SweepRequest, timeout_s: float = 7200.0) -> tup
 
 
 def is_budget_error(err: RunnerError) -> bool:
-    """A whitelist larger than the keep budget is a property of the configuration, not a failure."""
+    """Tokens forced kept (a whitelist, attention sinks, boundary tokens) beyond the keep budget are a property of
+    the configuration, not a failure."""
     text = (str(err) + err.stderr).lower()
     # fairkv-llama says: "the whitelist holds 120 distinct positions but sequence 0 keeps only 12 of ..."
-    return "whitelist" in text and any(w in text for w in ("budget", "more than", "exceed", "keeps only"))
+    return (any(w in text for w in ("whitelist", "sink", "boundary", "forced"))
+            and any(w in text for w in ("budget", "more than", "exceed", "keeps only")))

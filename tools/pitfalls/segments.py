@@ -21,7 +21,7 @@ DEFENSE_KEYS = {"none": "no_defense", "standard": "standard_defense", "flipped":
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
-    name: str   # "defense", "preamble" or "instructions"
+    name: str   # "defense", "preamble" or "instructions"; "system_prompt" (both) in paper_spans
     text: str   # exact characters of the plain system turn covered by this segment
 
 
@@ -44,6 +44,28 @@ class SystemTurn:
 
     def segment(self, name: str) -> Segment | None:
         return next((s for s in self.segments if s.name == name), None)
+
+
+# The paper's fair presses partition the system turn into two spans: `defense_span` and `sys_instr_span` (the
+# system prompt: preamble + instructions). `--fair-mode paper` takes exactly those two segments.
+SYSTEM_PROMPT = "system_prompt"
+
+
+def paper_spans(turn: SystemTurn) -> SystemTurn:
+    """The same turn marked with the paper's two spans, in the turn's order: the defense and one `system_prompt`
+    segment covering preamble + instructions (separators as in `build_system_turn`). ValueError without a defense:
+    there is no second span, and paper mode does not apply."""
+    if not turn.defense_text:
+        raise ValueError(f"defense {turn.defense!r}: the turn has no defense, so it has no two spans for paper mode")
+    segs: list[Segment] = []
+    for s in turn.segments:
+        if s.name != "defense" and segs and segs[-1].name == SYSTEM_PROMPT:
+            segs[-1] = Segment(SYSTEM_PROMPT, segs[-1].text + s.text)
+        else:
+            segs.append(s if s.name == "defense" else Segment(SYSTEM_PROMPT, s.text))
+    out = dataclasses.replace(turn, segments=tuple(segs))
+    assert len(segs) == 2 and out.plain == turn.plain
+    return out
 
 
 def build_system_turn(system_message: str, defense: str, defenses: dict[str, str]) -> SystemTurn:

@@ -12,12 +12,22 @@ import os
 import re
 import sys
 
+def count(s):
+    n = int(s)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {n}")
+    return n
+
+
 def config_parser(defaults_from=None):
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--policy", default="none")
     p.add_argument("--ratio", type=float, default=0.0)
     p.add_argument("--window", type=int, default=64)
     p.add_argument("--fair", action="store_true")
+    p.add_argument("--fair-mode", choices=("proportional", "paper"), default="proportional")
+    p.add_argument("--sinks", type=count, default=4)
+    p.add_argument("--boundary", type=count, default=0)
     p.add_argument("--whitelist", action="append", default=[])
     return p
 
@@ -45,21 +55,44 @@ if os.environ.get("FAKE_RUNNER_FAIL"):
     sys.exit(3)
 
 
-def report(c):
-    """The --json document of one configuration c (policy, ratio, window, fair, whitelist)."""
-    # Segments: "tokens" are whitespace-separated words of each marked segment.
-    parts = re.split(r"\[\[seg:([A-Za-z0-9_]+)\]\]", a.system)
-    plain = parts[0] + "".join(parts[2::2])
+# Segments: "tokens" are whitespace-separated words of each marked segment.
+parts = re.split(r"\[\[seg:([A-Za-z0-9_]+)\]\]", a.system)
+plain = parts[0] + "".join(parts[2::2])
+
+
+def segments():
     segs, pos = [], len(parts[0].split())
     for name, text in zip(parts[1::2], parts[2::2]):
         n = len(text.split())
         segs.append({"name": name, "begin": pos, "end": pos + n, "tokens": n, "text": text})
         pos += n
-    total = pos
+    return segs, pos
+
+
+def validate(c):
+    """The runner's checks of the fair options: exit 2 with a message, as for any bad argument."""
+    problem = None
+    if c.fair and c.fair_mode == "paper" and len(segments()[0]) != 2:
+        problem = (f"--fair-mode paper needs exactly two segments (the defense and the system prompt); the system "
+                   f"turn has {len(segments()[0])}")
+    elif c.boundary and not (c.fair or c.whitelist):
+        problem = "--boundary needs a segment-aware allocator (--fair or --whitelist)"
+    if problem:
+        print(f"fairkv-llama: error: {problem}", file=sys.stderr)
+        sys.exit(2)
+
+
+def report(c):
+    """The --json document of one configuration c (policy, ratio, window, fair options, whitelist)."""
+    segs, total = segments()
     budget = max(1, int(total * (1 - c.ratio))) if c.ratio > 0 else total
-    forced = sum(len(w.split()) for w in c.whitelist)
-    if forced > budget:
-        return None, f"whitelist ({forced} tokens) is more than the keep budget ({budget})"
+    # Forced: the whitelist's words, under fair the sinks and, with --boundary, K words at each end of a segment.
+    forced = {"whitelist": sum(len(w.split()) for w in c.whitelist)}
+    if c.fair:
+        forced.update(sinks=c.sinks, boundary=sum(min(s["tokens"], 2 * c.boundary) for s in segs))
+    if c.ratio > 0 and sum(forced.values()) > budget:
+        what = " + ".join(k for k, n in forced.items() if n)
+        return None, f"{what} ({sum(forced.values())} tokens) is more than the keep budget ({budget})"
     for s in segs:
         if c.fair or c.ratio == 0:
             frac = 1 - c.ratio
@@ -82,6 +115,7 @@ def report(c):
         turns.append({"user": u, "answer": ans, "new_tokens": len(ans.split())})
     return {
         "model": a.model, "policy": c.policy, "ratio": c.ratio, "window": c.window, "fair": c.fair,
+        "fair_mode": c.fair_mode if c.fair else None, "sinks": c.sinks if c.fair else 0, "boundary": c.boundary,
         "selector": "per_head", "whitelist": c.whitelist, "system_tokens": total, "n_layers": 2, "n_kv_heads": 1,
         "segments": segs, "kept_per_layer": [[s["kept_fraction"] for s in segs]] * 2, "turns": turns,
         "timings_ms": {"load": 1.0, "prefill": 10.0,
@@ -92,6 +126,7 @@ def report(c):
 
 
 if not groups:
+    validate(a)
     doc, err = report(a)
     if err:
         print(f"fairkv-llama: error: {err}", file=sys.stderr)
@@ -102,6 +137,7 @@ else:
         c = config_parser().parse_args(g)
         if "--window" not in g:
             c.window = a.window
+        validate(c)
         d, err = report(c)
         doc.append(d if d else {"policy": c.policy, "ratio": c.ratio, "turns": [], "error": err})
 with open(a.json, "w") as f:

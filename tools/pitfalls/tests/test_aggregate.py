@@ -4,14 +4,16 @@ from pathlib import Path
 import pytest
 
 from tools.pitfalls import aggregate as agg
-from tools.pitfalls import cli, harness
+from tools.pitfalls import cli, jsonl
+
+from .bad_lines import BAD_LINES, assert_named_and_counted, insert_line
 
 DATA = Path(__file__).parent / "data" / "small_runs.jsonl"
 
 
 @pytest.fixture
 def records():
-    return harness.read_jsonl(DATA)
+    return jsonl.read(DATA)
 
 
 def test_latest_record_wins_and_failures_are_dropped(records):
@@ -119,3 +121,34 @@ def test_complete_only_drops_items_of_a_stopped_sweep(records):
     kept, dropped = agg.complete_only(records)
     assert dropped == [2]
     assert {r["key"] for r in kept} == {1} and {r["run_id"] for r in kept} == {"A", "C", "E", "H"}
+
+
+def _report(tmp_path, path, tag):
+    md = tmp_path / f"{tag}.md"
+    rc = cli.main(["report", str(path), "--img-dir", str(tmp_path / "img"), "--md-out", str(md), "--results-md", "",
+                   "--all-items", "--no-plots", "--overhead", ""])
+    return rc, md.read_text() if md.is_file() else None
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_LINES))
+def test_report_skips_and_counts_a_bad_line(tmp_path, capsys, kind):
+    clean = _report(tmp_path, DATA, "clean")
+    assert clean[0] == 0
+    path = tmp_path / "runs.jsonl"
+    path.write_bytes(DATA.read_bytes())
+    insert_line(path, 4, BAD_LINES[kind])
+    capsys.readouterr()
+    assert _report(tmp_path, path, "bad") == clean      # every valid record is still there
+    assert_named_and_counted(capsys.readouterr().err, path, 4, 9)
+
+
+def test_report_of_a_file_cut_in_its_last_line(tmp_path, capsys):
+    """A sweep still writing (or killed): the report uses every finished record and names the torn line."""
+    lines = DATA.read_bytes().split(b"\n")[:-1]
+    path = tmp_path / "runs.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines) + b'{"run_id": "X", "key": 1, "sta')
+    capsys.readouterr()
+    assert _report(tmp_path, path, "torn") == _report(tmp_path, DATA, "clean")
+    err = capsys.readouterr().err
+    assert f"warning: {path}:9: unfinished last line" in err
+    assert f"warning: {path}: skipped 1 unreadable line(s) of 9" in err
