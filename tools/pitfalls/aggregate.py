@@ -40,7 +40,7 @@ def variant_label(r: dict) -> str:
     if r.get("fair") and spec is not None:
         sinks = r.get("sinks") or 0
         boundary = r.get("boundary") or 0
-        if sinks != DEFAULTS.sinks:
+        if sinks != spec.sinks(DEFAULTS):
             label += f" [sinks {sinks}]"
         if boundary != (DEFAULTS.boundary if spec.boundary else 0):
             label += f" [boundary {boundary}]"

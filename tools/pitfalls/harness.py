@@ -6,7 +6,8 @@ Variants (what each configuration passes to fairkv-llama besides --policy and --
 - `fair`: fairkv's fair eviction, `--fair --fair-mode proportional --sinks N` (every segment keeps the same
   fraction; the first N tokens, attention sinks, are kept and charged to the budget; `run --sinks`, default 4).
 - `fair+whitelist`: `fair` and the whitelist.
-- `fair_paper`: the paper's own two-span fair presses, `--fair --fair-mode paper --sinks N`, on the same text
+- `fair_paper`: the paper's own two-span fair presses, `--fair --fair-mode paper --sinks 0` (the paper keeps no
+  sinks explicitly; its spans cover the chat template instead), on the same text
   marked with exactly two segments, the defense and the system prompt (preamble + instructions: the paper's
   `defense_span` and `sys_instr_span`, segments.paper_spans). Without a defense there is no second span: those
   runs are recorded as `not_applicable`, with the reason, and never sent to the runner. The runner reports the
@@ -38,9 +39,13 @@ from .segments import SystemTurn, build_system_turn, paper_spans, whitelist_phra
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    fair_mode: str | None = None      # --fair --fair-mode MODE --sinks Settings.sinks; None: no --fair
+    fair_mode: str | None = None      # --fair --fair-mode MODE --sinks (Variant.sinks); None: no --fair
     whitelist: bool = False           # --whitelist (segments.whitelist_phrases)
     boundary: bool = False            # --boundary Settings.boundary
+
+    def sinks(self, s: "Settings") -> int:
+        """Paper mode reproduces the paper exactly: no sinks of its own."""
+        return 0 if self.fair_mode == "paper" else s.sinks
 
 
 VARIANT_SPECS = {
@@ -86,7 +91,7 @@ class Run:
     def run_id(self, s: Settings) -> str:
         v = self.spec
         wl = s.whitelist_mode if v.whitelist else "-"
-        fair = f"|fair:{v.fair_mode},s{s.sinks},b{s.boundary if v.boundary else 0}" if v.fair_mode else ""
+        fair = f"|fair:{v.fair_mode},s{v.sinks(s)},b{s.boundary if v.boundary else 0}" if v.fair_mode else ""
         return (f"{self.item.key}|{self.turn.defense}|{self.policy}|{self.variant}|{self.ratio:.2f}"
                 f"|w{s.window}|wl:{wl}|n{s.max_new_tokens}{fair}")
 
@@ -126,7 +131,7 @@ def request_for(run: Run, attack: str, s: Settings) -> Request:
     return Request(system_marked=run.turn.marked, users=(attack, run.item.user), policy=run.policy,
                    ratio=run.ratio, fair=v.fair_mode is not None,
                    whitelist=tuple(whitelist_phrases(run.turn, s.whitelist_mode)) if v.whitelist else (),
-                   fair_mode=v.fair_mode, sinks=s.sinks if v.fair_mode else None,
+                   fair_mode=v.fair_mode, sinks=v.sinks(s) if v.fair_mode else None,
                    boundary=s.boundary if v.boundary else 0, window=s.window, max_new_tokens=s.max_new_tokens,
                    threads=s.threads, model=s.model)
 

@@ -36,7 +36,7 @@ def test_each_variant_passes_its_options(env):
     for (mode, boundary), cs in by_variant.items():
         for top, g in cs:
             assert ("--fair" in g) == (mode is not None)
-            assert opt(g, "--sinks") == (None if mode is None else "4")
+            assert opt(g, "--sinks") == {None: None, "paper": "0"}.get(mode, "4")  # paper: no sinks of its own
             marked = opt(top, "--system")
             if mode == "paper":
                 assert marked.count("[[seg:") == 2 and f"[[seg:{SYSTEM_PROMPT}]]" in marked
@@ -49,7 +49,7 @@ def test_each_variant_passes_its_options(env):
     assert na["status"] == "not_applicable" and na["reason"] == harness.NO_PAPER_SPANS and "answers" not in na
     paper = recs[(1, "standard", "fair_paper", 0.5)]
     assert paper["status"] == "ok" and set(paper["kept"]) == {"defense", SYSTEM_PROMPT}
-    assert (paper["fair_mode"], paper["sinks"], paper["boundary"]) == ("paper", 4, 0)
+    assert (paper["fair_mode"], paper["sinks"], paper["boundary"]) == ("paper", 0, 0)
     b = recs[(2, "flipped", "fair_boundary", 0.5)]
     assert (b["fair_mode"], b["sinks"], b["boundary"]) == ("proportional", 4, 2)
     assert b["run_id"].endswith("|fair:proportional,s4,b2")
@@ -73,11 +73,12 @@ def test_sinks_and_boundary_over_the_budget_are_infeasible(env):
 def test_other_sinks_or_boundary_are_other_runs(env):
     sweep(env, defenses=("standard",))
     _, st = sweep(env, defenses=("standard",), sinks=0, boundary=3)
-    assert st["skipped"] == 2 * 2 and st["ok"] == 2 * 3            # baseline and plain kept; the fair ones redone
-    new = [g for _, g in all_configs(env["log"])[-6:]]
+    # baseline, plain and fair_paper (its sinks are always 0) kept; the proportional fair ones redone
+    assert st["skipped"] == 3 * 2 and st["ok"] == 2 * 2
+    new = [g for _, g in all_configs(env["log"])[-4:]]
     assert {opt(g, "--sinks") for g in new} == {"0"} and {opt(g, "--boundary") for g in new} == {None, "3"}
     labels = {agg.variant_label(r) for r in jsonl.read(env["out"]) if r["ratio"] > 0}
-    assert labels == {"plain", "fair", "fair_paper", "fair_boundary", "fair [sinks 0]", "fair_paper [sinks 0]",
+    assert labels == {"plain", "fair", "fair_paper", "fair_boundary", "fair [sinks 0]",
                       "fair_boundary [sinks 0] [boundary 3]"}
 
 
