@@ -24,6 +24,9 @@ struct compress_request {
   int window = 64;                     // snapkv observation window
   std::string selector = "per_head";   // per_head | union | head_adaptive
   bool fair = false;                   // fair allocation over `segments`
+  std::string fair_mode = "proportional";  // proportional (fairkv) | paper (the paper's two-span presses)
+  int sinks = -1;                      // attention sinks kept under fair; -1: the mode's default (4, paper 0)
+  int boundary = 0;                    // first/last `boundary` tokens of every segment kept under fair
   std::vector<fairkv::segment> segments;  // token ranges in the system turn (used for allocation when fair)
   std::vector<int32_t> whitelist;         // system-turn token indices always kept
 };
@@ -32,7 +35,14 @@ struct compress_result {
   // kept[l][h][i]: 1 if system token i is kept in (layer l, KV head h); what the JSON statistics are made of.
   std::vector<std::vector<std::vector<uint8_t>>> kept;
   int window_used = 0;  // snapkv's window after clamping to the system turn
+  int sinks = 0;        // attention sinks the allocator protects (0 without --fair)
 };
+
+// The sinks a fair configuration keeps: --sinks, else the mode's default (the paper keeps none of its own).
+inline int sinks_of(const compress_request& r) {
+  if (!r.fair) return 0;
+  return r.sinks >= 0 ? r.sinks : (r.fair_mode == "paper" ? 0 : 4);
+}
 
 inline bool is_known_policy(const std::string& p) {
   return p == "none" || p == "knorm" || p == "streaming_llm" || p == "snapkv" || p == "tova" || p == "h2o";
@@ -48,8 +58,13 @@ inline fairkv::policy_spec policy_spec_of(const compress_request& r, int window)
   if (const fairkv::result e = fairkv::parse(r.policy, spec.scorer); !e) throw std::runtime_error(e.message());
   if (const fairkv::result e = fairkv::parse(r.selector, spec.selector); !e) throw std::runtime_error(e.message());
   const bool wl = !r.whitelist.empty();
-  spec.allocator = r.fair ? (wl ? fairkv::allocator_kind::fair_with_whitelist : fairkv::allocator_kind::fair)
-                          : (wl ? fairkv::allocator_kind::whitelist : fairkv::allocator_kind::uniform);
+  if (r.fair && r.fair_mode == "paper")
+    spec.allocator = fairkv::allocator_kind::fair_paper;  // takes a whitelist too
+  else
+    spec.allocator = r.fair ? (wl ? fairkv::allocator_kind::fair_with_whitelist : fairkv::allocator_kind::fair)
+                            : (wl ? fairkv::allocator_kind::whitelist : fairkv::allocator_kind::uniform);
+  spec.sinks = spec.paper_sinks = sinks_of(r);
+  spec.boundary = r.boundary;
   spec.window = window;
   return spec;
 }
@@ -65,6 +80,7 @@ inline compress_result compress_system_turn(kv_cache& cache, int n_sys, const co
   // kvpress requires more tokens than the window; clamp so short system prompts still compress.
   out.window_used = std::max(1, std::min(req.window, n_sys - 1));
   const fairkv::policy_spec spec = policy_spec_of(req, out.window_used);
+  out.sinks = sinks_of(req);
 
   for (int l = 0; l < n_layers; ++l) {
     kv_layer& cl = cache.layer(l);

@@ -27,6 +27,10 @@ constexpr const char* usage = R"(usage: fairkv-llama [options]
   --ratio R             fraction of the system turn's KV cache to evict, in [0, 1)   (default 0)
   --window W            SnapKV observation window (default 64)
   --fair                fair eviction: every segment keeps the same fraction
+  --fair-mode MODE      proportional (default: any number of segments, re-normalised segment-local scores) |
+                        paper (the paper's two-span presses exactly: two adjacent segments, widened)
+  --sinks N             attention sinks (first N tokens) kept under --fair (default 4; paper mode 0)
+  --boundary K          keep the first and last K tokens of every segment under --fair (default 0)
   --whitelist PHRASE    force-keep every token of each occurrence of PHRASE (repeatable)
   --selector NAME       per_head | union | head_adaptive   (default per_head)
   --max-new-tokens N    (default 128)
@@ -138,6 +142,16 @@ int main(int argc, char** argv) {
         cfg().compress.window = parse_int(a, value());
       } else if (a == "--fair") {
         cfg().compress.fair = true;
+      } else if (a == "--fair-mode") {
+        cfg().compress.fair_mode = value();
+      } else if (a == "--sinks") {
+        cfg().compress.sinks = parse_int(a, value());
+        if (cfg().compress.sinks < 0 || cfg().compress.sinks > 1024)
+          throw std::runtime_error("--sinks must be in [0, 1024]");
+      } else if (a == "--boundary") {
+        cfg().compress.boundary = parse_int(a, value());
+        if (cfg().compress.boundary < 0 || cfg().compress.boundary > 1024)
+          throw std::runtime_error("--boundary must be in [0, 1024]");
       } else if (a == "--whitelist") {
         cfg().whitelist.push_back(value());
       } else if (a == "--selector") {

@@ -73,6 +73,9 @@ struct run_report {
   int window_used = 0;
   std::vector<segment_info> segments;
   std::vector<std::vector<double>> kept_per_layer;  // [n_layers][n_segments] kept fractions (mean over heads)
+  int sinks = 0;                                     // attention sinks the allocator protected
+  int sink_tokens = 0;                               // leading tokens measured: max(sinks, 4)
+  std::vector<double> sinks_kept_per_layer;          // [n_layers] fraction of (head, leading token) pairs kept
   std::vector<turn_result> turns;
   // A sweep shares the load and the system prefill between its configurations (each report shows them whole),
   // and decode_ms is this configuration's share of the batched steps (each step's time / its sequences).
@@ -163,6 +166,11 @@ inline void check_config(const compress_request& c) {
   if (!is_known_policy(c.policy)) throw std::runtime_error("unknown policy '" + c.policy + "'");
   if (!(c.ratio >= 0.0 && c.ratio < 1.0))
     throw std::runtime_error("--ratio must be in [0, 1), got " + std::to_string(c.ratio));
+  if (c.fair_mode != "proportional" && c.fair_mode != "paper")
+    throw std::runtime_error("--fair-mode: unknown '" + c.fair_mode + "' (proportional, paper)");
+  // Options of fair eviction are refused without it rather than silently ignored.
+  if (!c.fair && (c.fair_mode != "proportional" || c.sinks >= 0 || c.boundary > 0))
+    throw std::runtime_error("--fair-mode, --sinks and --boundary apply to fair eviction: add --fair");
 }
 
 // Token indices of every occurrence of each phrase, sorted and unique.
@@ -203,6 +211,20 @@ inline void record_kept(run_report& rep, const compress_result& cr, int n_layers
     si.kept = total / n_layers;
     si.kept_fraction = si.kept / si.tokens();
   }
+  // The first max(sinks, 4) tokens (kvpress's StreamingLLM sinks), protected or not, per layer: shows both that
+  // fair keeps them and what eviction does to them without protection.
+  rep.sinks = cr.sinks;
+  const size_t n_sys = cr.kept.empty() || cr.kept[0].empty() ? 0 : cr.kept[0][0].size();
+  const size_t sinks = std::min(size_t(std::max(cr.sinks, 4)), n_sys);
+  rep.sink_tokens = int(sinks);
+  rep.sinks_kept_per_layer.assign(size_t(n_layers), 1.0);
+  if (sinks > 0)
+    for (int l = 0; l < n_layers; ++l) {
+      double kept = 0;
+      for (int g = 0; g < n_kv_heads; ++g)
+        for (size_t t = 0; t < sinks; ++t) kept += cr.kept[size_t(l)][size_t(g)][t];
+      rep.sinks_kept_per_layer[size_t(l)] = kept / double(sinks * size_t(n_kv_heads));
+    }
 }
 
 // The shared body of run_session and run_sweep. strict: a configuration that cannot be compressed (e.g. a
@@ -440,6 +462,9 @@ inline std::string to_json(const run_report& r) {
   s += "  \"window\": " + std::to_string(o.compress.window) + ",\n";
   s += "  \"window_used\": " + std::to_string(r.window_used) + ",\n";
   s += "  \"fair\": " + std::string(o.compress.fair ? "true" : "false") + ",\n";
+  s += "  \"fair_mode\": " + quote(o.compress.fair_mode) + ",\n";
+  s += "  \"sinks\": " + std::to_string(r.sinks) + ",\n";
+  s += "  \"boundary\": " + std::to_string(o.compress.boundary) + ",\n";
   s += "  \"selector\": " + quote(o.compress.selector) + ",\n";
   s += "  \"whitelist\": [";
   for (size_t i = 0; i < o.whitelist.size(); ++i) s += (i ? ", " : "") + quote(o.whitelist[i]);
@@ -463,6 +488,10 @@ inline std::string to_json(const run_report& r) {
     for (size_t i = 0; i < r.kept_per_layer[l].size(); ++i) s += (i ? ", " : "") + number(r.kept_per_layer[l][i]);
     s += "]";
   }
+  s += "],\n";
+  s += "  \"sink_tokens\": " + std::to_string(r.sink_tokens) + ",\n";
+  s += "  \"sinks_kept_per_layer\": [";
+  for (size_t l = 0; l < r.sinks_kept_per_layer.size(); ++l) s += (l ? ", " : "") + number(r.sinks_kept_per_layer[l]);
   s += "],\n";
   s += "  \"turns\": [";
   for (size_t i = 0; i < r.turns.size(); ++i)
