@@ -10,13 +10,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "fairkv/detail/paper_spans.hpp"
 #include "fairkv/fairkv.hpp"
 #include "gpu_runner.hpp"
 #include "parity_case.hpp"
@@ -182,6 +185,28 @@ bool same_plan(const fairkv::keep_plan& a, const fairkv::keep_plan& b, std::stri
       }
   }
   return true;
+}
+
+// Runs an attention case on both backends. Dot products and exp differ from Eigen/libm in the last bits, so the
+// plans may differ by a few swaps of near-tied tokens (returns false); anything else fails. True: identical plans.
+bool attention_parity(const host_case& c) {
+  fairkv::keep_plan want, got;
+  const result cr = cpu_plan(c, want);
+  REQUIRE_MESSAGE(cr.ok(), std::string(cr.message()));
+  const result gr = gpu_plan(c, got);
+  REQUIRE_MESSAGE(gr.ok(), std::string(gr.message()));
+  std::string why;
+  if (same_plan(want, got, why)) return true;
+  // Counts must match exactly (budgets are integer arithmetic); only near-tie swaps are allowed.
+  for (std::int64_t b = 0; b < c.batch; ++b)
+    for (std::int64_t h = 0; h < c.heads; ++h) {
+      CHECK(want.count(b, h) == got.count(b, h));
+      const auto x = want.kept(b, h), y = got.kept(b, h);
+      std::vector<std::int32_t> diff;
+      std::set_symmetric_difference(x.begin(), x.end(), y.begin(), y.end(), std::back_inserter(diff));
+      CHECK_MESSAGE(diff.size() <= 4u + x.size() / 50u, why);
+    }
+  return false;
 }
 
 // A random valid plan (ascending subsets) of `capacity` slots for compaction tests.
@@ -448,8 +473,6 @@ TEST_SUITE("cuda_parity") {
   }
 
   TEST_CASE("cuda parity: attention scorers (near-ties aside, the same plans)" * doctest::skip(no_device)) {
-    // Dot products and exp differ from Eigen/libm in the last bits, so a swap of two tokens whose CPU scores
-    // agree to 1e-5 relative is accepted; anything else is a failure.
     std::mt19937 rng(99);
     int cases = 0, exact = 0, paper = 0, paper_exact = 0;
     for (int rep = 0; rep < (quick ? 1 : 4); ++rep)
@@ -458,32 +481,64 @@ TEST_SUITE("cuda_parity") {
           for (const allocator_id a : all_allocators) {
             const host_case c = random_case(rng, s, sel, a, dtype_id::f32);
             CAPTURE(c.name);
-            fairkv::keep_plan want, got;
-            const result cr = cpu_plan(c, want);
-            REQUIRE_MESSAGE(cr.ok(), std::string(cr.message()));
-            const result gr = gpu_plan(c, got);
-            REQUIRE_MESSAGE(gr.ok(), std::string(gr.message()));
-            std::string why;
+            const bool same = attention_parity(c);
             ++cases;
+            exact += same ? 1 : 0;
             paper += a == allocator_id::fair_paper ? 1 : 0;
-            if (same_plan(want, got, why)) {
-              ++exact;
-              paper_exact += a == allocator_id::fair_paper ? 1 : 0;
-              continue;
-            }
-            // Counts must match exactly (budgets are integer arithmetic); only near-tie swaps are allowed.
-            for (std::int64_t b = 0; b < c.batch; ++b)
-              for (std::int64_t h = 0; h < c.heads; ++h) {
-                CHECK(want.count(b, h) == got.count(b, h));
-                const auto x = want.kept(b, h), y = got.kept(b, h);
-                std::vector<std::int32_t> diff;
-                std::set_symmetric_difference(x.begin(), x.end(), y.begin(), y.end(), std::back_inserter(diff));
-                CHECK_MESSAGE(diff.size() <= 4u + x.size() / 50u, why);
-              }
+            paper_exact += same && a == allocator_id::fair_paper ? 1 : 0;
           }
     MESSAGE(cases << " attention cases, " << exact << " with bit-identical plans (fair_paper: " << paper << " cases, "
                   << paper_exact << " bit-identical)");
     CHECK(exact * 10 >= cases * 8);  // near-ties are rare on random data
+  }
+
+  TEST_CASE("cuda parity: fair_paper window pads and peaked attention" * doctest::skip(no_device)) {
+    // The paper pads a span's window (TOVA: its anchor) with the head's maximum, without + 1, so the oldest window
+    // token ties with the span's best scored token and loses (lower index wins): visible only when the span's
+    // budget equals its window, which these cases arrange. Peaked attention (queries x 4, engine rows raised to the
+    // 8th power) makes the softmax's range, [0, p] and not [span begin, p], change the ranking.
+    std::mt19937 rng(31);
+    int cases = 0, exact = 0;
+    for (int rep = 0; rep < (quick ? 1 : 4); ++rep)
+      for (const scorer_id s : {scorer_id::snapkv, scorer_id::tova})
+        for (const selector_id sel : all_selectors) {
+          host_case c;
+          do c = random_case(rng, s, sel, allocator_id::fair_paper, dtype_id::f32);
+          while (c.tokens < 17);
+          const std::int64_t L = c.tokens;
+          c.window = 4;
+          c.whitelist.clear();
+          c.protect = {};
+          std::vector<std::pair<std::int32_t, double>> picks;  // (split, ratio) where a span's budget is its window
+          for (std::int32_t split = 2; split + 2 <= L; ++split)
+            for (int pct = 1; pct < 100; ++pct) {
+              const std::int64_t n_keep = fairkv::keep_budget(L, pct / 100.0), earlier = n_keep * split / L;
+              const auto w = s == scorer_id::tova ? fairkv::detail::paper_windows{1, 1}
+                                                  : fairkv::detail::paper_window_split(c.window, split, L);
+              if ((earlier == w.earlier && split > w.earlier) || (n_keep - earlier == w.later && L - split > w.later))
+                picks.emplace_back(split, pct / 100.0);
+            }
+          REQUIRE(!picks.empty());
+          const auto [split, ratio] = picks[rng() % picks.size()];
+          c.ratio = ratio;
+          c.segments = {{static_cast<std::int32_t>(rng() % static_cast<unsigned>(split)), split},
+                        {split, static_cast<std::int32_t>(split + 1 + rng() % static_cast<unsigned>(L - split))}};
+          for (float& q : c.queries) q *= 4.f;
+          for (std::int64_t r = 0; r < c.batch * c.q_heads; ++r)
+            for (std::int64_t p = 0; p < L; ++p) {
+              float* row = c.attention.data() + (r * L + p) * L;
+              float sum = 0.f;
+              for (std::int64_t t = 0; t <= p; ++t) sum += (row[t] = std::pow(row[t], 8.f));
+              for (std::int64_t t = 0; t <= p; ++t) row[t] /= sum;
+            }
+          CAPTURE(c.name);
+          CAPTURE(split);
+          CAPTURE(ratio);
+          exact += attention_parity(c) ? 1 : 0;
+          ++cases;
+        }
+    MESSAGE(cases << " fair_paper pad-tie / peaked-attention cases, " << exact << " with bit-identical plans");
+    CHECK(exact * 10 >= cases * 8);
   }
 
   TEST_CASE("cuda parity: dense and strided compaction with random plans" * doctest::skip(no_device)) {
