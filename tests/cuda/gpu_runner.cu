@@ -94,14 +94,11 @@ result gpu_size_query(const host_case& c, std::size_t& bytes) {
   });
 }
 
-result gpu_plan_cpu_only(const host_case& c, bool paper) {
+result gpu_plan_cpu_only(const host_case& c) {
   const auto in = make_inputs<float>(c, fake_device_pointer<const float>(), nullptr, nullptr, nullptr);
   std::size_t bytes = 0;
-  auto size_query = [&](auto alloc) {
-    const fairkv::policy pol{fairkv::scorers::knorm{}, fairkv::selectors::per_head{}, alloc};
-    return fairkv::cuda::plan(nullptr, bytes, pol, in, c.segments, c.whitelist, c.ratio, fairkv::keep_plan_view{});
-  };
-  return paper ? size_query(fairkv::allocators::fair_paper{}) : size_query(fairkv::allocators::debias{0.5f});
+  const fairkv::policy pol{fairkv::scorers::knorm{}, fairkv::selectors::per_head{}, fairkv::allocators::debias{0.5f}};
+  return fairkv::cuda::plan(nullptr, bytes, pol, in, c.segments, c.whitelist, c.ratio, fairkv::keep_plan_view{});
 }
 
 result gpu_plan(const host_case& c, fairkv::keep_plan& out, bool graph) {

@@ -21,8 +21,8 @@ struct device_info {
 // Host-only entry points: they never touch the device (dummy device pointers), so they run without a GPU.
 [[nodiscard]] fairkv::result gpu_can_implement(const host_case& c);
 [[nodiscard]] fairkv::result gpu_size_query(const host_case& c, std::size_t& bytes);
-// cuda::plan's size query with an allocator only the CPU implements: allocators::debias, or fair_paper (paper).
-[[nodiscard]] fairkv::result gpu_plan_cpu_only(const host_case& c, bool paper);
+// cuda::plan's size query with the allocator only the CPU implements: allocators::debias.
+[[nodiscard]] fairkv::result gpu_plan_cpu_only(const host_case& c);
 [[nodiscard]] int cuda_max_segments();                            // fairkv::cuda::max_segments
 
 // Device entry points: upload, run on a stream (optionally captured into a CUDA graph and replayed), download.

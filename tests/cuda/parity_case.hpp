@@ -47,7 +47,7 @@ static_assert(fairkv::Scorer<first_element>);
 
 enum class scorer_id { knorm, first_element, streaming_llm, snapkv, tova, h2o };
 enum class selector_id { per_head, union_heads, head_adaptive };
-enum class allocator_id { uniform, whitelist, fair, fair_with_whitelist, debias };
+enum class allocator_id { uniform, whitelist, fair, fair_with_whitelist, debias, fair_paper };
 enum class dtype_id { f32, f16, bf16 };
 enum class layout_id { contiguous, capacity, token_major, strided_dim };
 enum class attention_input { queries, rows, column_sums };
@@ -71,7 +71,7 @@ struct host_case {
   std::int32_t window = 16;
   std::vector<fairkv::segment> segments;
   std::vector<std::int32_t> whitelist;
-  fairkv::allocators::protection protect{};     // fair, fair_with_whitelist: sinks and boundary tokens
+  fairkv::allocators::protection protect{};     // fair, fair_with_whitelist, fair_paper: sinks and boundaries
   std::vector<unsigned char> k_bytes, v_bytes;  // element storage in `layout`, `dtype`
   std::vector<float> queries;                   // [batch, q_heads, q_tokens, head_dim]
   std::vector<float> attention;                 // [batch, q_heads, tokens (rows), tokens]
@@ -134,6 +134,7 @@ fairkv::result with_policy(const host_case& c, F&& f) {
       case allocator_id::fair: return go(allocators::fair{c.protect});
       case allocator_id::fair_with_whitelist: return go(allocators::fair_with_whitelist{c.protect});
       case allocator_id::debias: break;  // only checked for the CUDA backend's not_supported (see the tests)
+      case allocator_id::fair_paper: return go(allocators::fair_paper{c.protect});
     }
     return result::error(status::not_supported, "test: allocator not compiled");
   };

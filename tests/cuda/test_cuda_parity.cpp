@@ -10,13 +10,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "fairkv/detail/paper_spans.hpp"
 #include "fairkv/fairkv.hpp"
 #include "gpu_runner.hpp"
 #include "parity_case.hpp"
@@ -32,10 +35,12 @@ const bool no_device = !probe_device().available;
 const bool quick = std::getenv("FAIRKV_CUDA_QUICK") != nullptr;
 
 [[nodiscard]] bool uses_segments(allocator_id a) {
-  return a == allocator_id::fair || a == allocator_id::fair_with_whitelist || a == allocator_id::debias;
+  return a == allocator_id::fair || a == allocator_id::fair_with_whitelist || a == allocator_id::debias ||
+         a == allocator_id::fair_paper;
 }
 [[nodiscard]] bool uses_whitelist(allocator_id a) {
-  return a == allocator_id::whitelist || a == allocator_id::fair_with_whitelist || a == allocator_id::debias;
+  return a == allocator_id::whitelist || a == allocator_id::fair_with_whitelist || a == allocator_id::debias ||
+         a == allocator_id::fair_paper;
 }
 
 template <class T>
@@ -66,6 +71,7 @@ host_case random_case(std::mt19937& rng, scorer_id s, selector_id sel, allocator
   const bool attn = is_attention(s);
   c.tokens = attn ? pick({1, 2, 5, 17, 64, 150})
                   : (quick ? pick({1, 2, 3, 7, 64, 100, 513, 4097}) : pick({1, 2, 3, 7, 64, 100, 513, 1500, 4097, 9000}));
+  if (a == allocator_id::fair_paper) c.tokens = std::max<std::int64_t>(c.tokens, 2);  // two non-empty spans
   c.head_dim = pick({1, 3, 8, 64, 128});
   c.layout = static_cast<layout_id>(rng() % 4);
   c.capacity = c.tokens + pick({0, 1, 9});
@@ -76,8 +82,14 @@ host_case random_case(std::mt19937& rng, scorer_id s, selector_id sel, allocator
   if (c.attn == attention_input::column_sums && uses_segments(a)) c.attn = attention_input::rows;
   c.q_tokens = c.tokens;
   const std::int64_t L = c.tokens;
-  // Disjoint segments in random order.
-  if (uses_segments(a) && L > 1) {
+  if (a == allocator_id::fair_paper) {
+    // Two adjacent spans [begin, split) and [split, end), sometimes from 0 or to L, in either order.
+    const auto begin = static_cast<std::int32_t>(rng() % 3 == 0 ? 0 : rng() % (L - 1));
+    const auto split = static_cast<std::int32_t>(begin + 1 + rng() % (L - 1 - begin));
+    const auto end = static_cast<std::int32_t>(rng() % 3 == 0 ? L : split + 1 + rng() % (L - split));
+    c.segments = {{begin, split}, {split, end}};
+    if (rng() % 2) std::swap(c.segments[0], c.segments[1]);
+  } else if (uses_segments(a) && L > 1) {  // disjoint segments in random order
     const int n = static_cast<int>(rng() % 5);
     std::set<std::int32_t> cuts;
     for (int i = 0; i < 2 * n; ++i) cuts.insert(static_cast<std::int32_t>(rng() % (L + 1)));
@@ -175,6 +187,28 @@ bool same_plan(const fairkv::keep_plan& a, const fairkv::keep_plan& b, std::stri
   return true;
 }
 
+// Runs an attention case on both backends. Dot products and exp differ from Eigen/libm in the last bits, so the
+// plans may differ by a few swaps of near-tied tokens (returns false); anything else fails. True: identical plans.
+bool attention_parity(const host_case& c) {
+  fairkv::keep_plan want, got;
+  const result cr = cpu_plan(c, want);
+  REQUIRE_MESSAGE(cr.ok(), std::string(cr.message()));
+  const result gr = gpu_plan(c, got);
+  REQUIRE_MESSAGE(gr.ok(), std::string(gr.message()));
+  std::string why;
+  if (same_plan(want, got, why)) return true;
+  // Counts must match exactly (budgets are integer arithmetic); only near-tie swaps are allowed.
+  for (std::int64_t b = 0; b < c.batch; ++b)
+    for (std::int64_t h = 0; h < c.heads; ++h) {
+      CHECK(want.count(b, h) == got.count(b, h));
+      const auto x = want.kept(b, h), y = got.kept(b, h);
+      std::vector<std::int32_t> diff;
+      std::set_symmetric_difference(x.begin(), x.end(), y.begin(), y.end(), std::back_inserter(diff));
+      CHECK_MESSAGE(diff.size() <= 4u + x.size() / 50u, why);
+    }
+  return false;
+}
+
 // A random valid plan (ascending subsets) of `capacity` slots for compaction tests.
 fairkv::keep_plan random_plan(std::mt19937& rng, std::int64_t batch, std::int64_t heads,
                               const std::vector<std::int64_t>& lengths, std::int64_t capacity) {
@@ -198,7 +232,7 @@ fairkv::keep_plan random_plan(std::mt19937& rng, std::int64_t batch, std::int64_
 const scorer_id exact_scorers[] = {scorer_id::first_element, scorer_id::knorm, scorer_id::streaming_llm};
 const selector_id all_selectors[] = {selector_id::per_head, selector_id::union_heads, selector_id::head_adaptive};
 const allocator_id all_allocators[] = {allocator_id::uniform, allocator_id::whitelist, allocator_id::fair,
-                                       allocator_id::fair_with_whitelist};
+                                       allocator_id::fair_with_whitelist, allocator_id::fair_paper};
 const dtype_id all_dtypes[] = {dtype_id::f32, dtype_id::f16, dtype_id::bf16};
 
 }  // namespace
@@ -270,6 +304,24 @@ TEST_SUITE("cuda_host") {
            c.attn = attention_input::column_sums;
          }},
         {"zero heads", [](host_case& c) { c.heads = 0; }},
+        {"fair_paper with segments that do not touch", [](host_case& c) {
+           c.allocator = allocator_id::fair_paper;
+           c.segments = {{20, 30}, {0, 10}};
+         }},
+        {"fair_paper SnapKV: queries do not cover the earlier span's window", [](host_case& c) {
+           c.allocator = allocator_id::fair_paper;
+           c.scorer = scorer_id::snapkv;
+           c.window = 16;
+           c.segments = {{32, 50}, {10, 32}};  // widened [0, 32) and [32, 64): windows [24, 32) and [56, 64)
+           c.q_tokens = 36;
+           c.queries.assign(static_cast<std::size_t>(c.batch * c.q_heads * c.q_tokens * c.head_dim), 0.5f);
+         }},
+        {"fair_paper H2O from column sums", [](host_case& c) {
+           c.allocator = allocator_id::fair_paper;
+           c.scorer = scorer_id::h2o;
+           c.segments = {{0, 10}, {10, 64}};
+           c.attn = attention_input::column_sums;
+         }},
     };
     for (const mutation& m : mutations) {
       host_case c = random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::fair_with_whitelist,
@@ -326,7 +378,7 @@ TEST_SUITE("cuda_host") {
           CHECK(bytes >= static_cast<std::size_t>(c.batch * c.heads * c.tokens) * 4u);  // at least the scores
           ++n;
         }
-    CHECK(n == 6 * 3 * 4);
+    CHECK(n == 6 * 3 * 5);
   }
 
   TEST_CASE("cuda host checks: the CUDA backend's limits are reported, not silently exceeded") {
@@ -357,13 +409,23 @@ TEST_SUITE("cuda_host") {
     CHECK(w.code() == status::not_supported);
     CHECK(std::string(w.message()).find("1024") != std::string::npos);
     c.whitelist.clear();
-    const result d = gpu_plan_cpu_only(c, false);
+    const result d = gpu_plan_cpu_only(c);
     CHECK(d.code() == status::not_supported);
     CHECK(std::string(d.message()).find("debias") != std::string::npos);
-    c.segments = {{0, 100}, {100, 3000}};
-    const result pp = gpu_plan_cpu_only(c, true);
-    CHECK(pp.code() == status::not_supported);
-    CHECK(std::string(pp.message()).find("fair_paper") != std::string::npos);
+    // fair_paper is implemented: accepted on the host and, where a device (or the emulator) runs it, the CPU's plan.
+    c.allocator = allocator_id::fair_paper;
+    c.segments = {{100, 3000}, {0, 100}};
+    c.whitelist = {5, 150, 2999};
+    REQUIRE(cpu_plan(c, cp).ok());
+    const result pc = gpu_can_implement(c);
+    CHECK_MESSAGE(pc.ok(), std::string(pc.message()));
+    if (!no_device) {
+      fairkv::keep_plan got;
+      const result pr = gpu_plan(c, got);
+      REQUIRE_MESSAGE(pr.ok(), std::string(pr.message()));
+      std::string why;
+      CHECK_MESSAGE(same_plan(cp, got, why), why);
+    }
   }
 }
 
@@ -381,7 +443,7 @@ TEST_SUITE("cuda_parity") {
 
   TEST_CASE("cuda parity: exact scorers, every selector, allocator and dtype" * doctest::skip(no_device)) {
     std::mt19937 rng(2024);
-    int cases = 0;
+    int cases = 0, paper = 0;
     for (int rep = 0; rep < (quick ? 1 : 3); ++rep)
       for (const scorer_id s : exact_scorers)
         for (const selector_id sel : all_selectors)
@@ -405,44 +467,78 @@ TEST_SUITE("cuda_parity") {
               CHECK(ck == gk);
               CHECK(cv == gv);
               ++cases;
+              paper += a == allocator_id::fair_paper ? 1 : 0;
             }
-    MESSAGE(cases << " exact parity cases");
+    MESSAGE(cases << " exact parity cases (" << paper << " fair_paper)");
   }
 
   TEST_CASE("cuda parity: attention scorers (near-ties aside, the same plans)" * doctest::skip(no_device)) {
-    // Dot products and exp differ from Eigen/libm in the last bits, so a swap of two tokens whose CPU scores
-    // agree to 1e-5 relative is accepted; anything else is a failure.
     std::mt19937 rng(99);
-    int cases = 0, exact = 0;
+    int cases = 0, exact = 0, paper = 0, paper_exact = 0;
     for (int rep = 0; rep < (quick ? 1 : 4); ++rep)
       for (const scorer_id s : {scorer_id::snapkv, scorer_id::tova, scorer_id::h2o})
         for (const selector_id sel : all_selectors)
           for (const allocator_id a : all_allocators) {
             const host_case c = random_case(rng, s, sel, a, dtype_id::f32);
             CAPTURE(c.name);
-            fairkv::keep_plan want, got;
-            const result cr = cpu_plan(c, want);
-            REQUIRE_MESSAGE(cr.ok(), std::string(cr.message()));
-            const result gr = gpu_plan(c, got);
-            REQUIRE_MESSAGE(gr.ok(), std::string(gr.message()));
-            std::string why;
+            const bool same = attention_parity(c);
             ++cases;
-            if (same_plan(want, got, why)) {
-              ++exact;
-              continue;
-            }
-            // Counts must match exactly (budgets are integer arithmetic); only near-tie swaps are allowed.
-            for (std::int64_t b = 0; b < c.batch; ++b)
-              for (std::int64_t h = 0; h < c.heads; ++h) {
-                CHECK(want.count(b, h) == got.count(b, h));
-                const auto x = want.kept(b, h), y = got.kept(b, h);
-                std::vector<std::int32_t> diff;
-                std::set_symmetric_difference(x.begin(), x.end(), y.begin(), y.end(), std::back_inserter(diff));
-                CHECK_MESSAGE(diff.size() <= 4u + x.size() / 50u, why);
-              }
+            exact += same ? 1 : 0;
+            paper += a == allocator_id::fair_paper ? 1 : 0;
+            paper_exact += same && a == allocator_id::fair_paper ? 1 : 0;
           }
-    MESSAGE(cases << " attention cases, " << exact << " with bit-identical plans");
+    MESSAGE(cases << " attention cases, " << exact << " with bit-identical plans (fair_paper: " << paper << " cases, "
+                  << paper_exact << " bit-identical)");
     CHECK(exact * 10 >= cases * 8);  // near-ties are rare on random data
+  }
+
+  TEST_CASE("cuda parity: fair_paper window pads and peaked attention" * doctest::skip(no_device)) {
+    // The paper pads a span's window (TOVA: its anchor) with the head's maximum, without + 1, so the oldest window
+    // token ties with the span's best scored token and loses (lower index wins): visible only when the span's
+    // budget equals its window, which these cases arrange. Peaked attention (queries x 4, engine rows raised to the
+    // 8th power) makes the softmax's range, [0, p] and not [span begin, p], change the ranking.
+    std::mt19937 rng(31);
+    int cases = 0, exact = 0;
+    for (int rep = 0; rep < (quick ? 1 : 4); ++rep)
+      for (const scorer_id s : {scorer_id::snapkv, scorer_id::tova})
+        for (const selector_id sel : all_selectors) {
+          host_case c;
+          do c = random_case(rng, s, sel, allocator_id::fair_paper, dtype_id::f32);
+          while (c.tokens < 17);
+          const std::int64_t L = c.tokens;
+          c.window = 4;
+          c.whitelist.clear();
+          c.protect = {};
+          std::vector<std::pair<std::int32_t, double>> picks;  // (split, ratio) where a span's budget is its window
+          for (std::int32_t split = 2; split + 2 <= L; ++split)
+            for (int pct = 1; pct < 100; ++pct) {
+              const std::int64_t n_keep = fairkv::keep_budget(L, pct / 100.0), earlier = n_keep * split / L;
+              const auto w = s == scorer_id::tova ? fairkv::detail::paper_windows{1, 1}
+                                                  : fairkv::detail::paper_window_split(c.window, split, L);
+              if ((earlier == w.earlier && split > w.earlier) || (n_keep - earlier == w.later && L - split > w.later))
+                picks.emplace_back(split, pct / 100.0);
+            }
+          REQUIRE(!picks.empty());
+          const auto [split, ratio] = picks[rng() % picks.size()];
+          c.ratio = ratio;
+          c.segments = {{static_cast<std::int32_t>(rng() % static_cast<unsigned>(split)), split},
+                        {split, static_cast<std::int32_t>(split + 1 + rng() % static_cast<unsigned>(L - split))}};
+          for (float& q : c.queries) q *= 4.f;
+          for (std::int64_t r = 0; r < c.batch * c.q_heads; ++r)
+            for (std::int64_t p = 0; p < L; ++p) {
+              float* row = c.attention.data() + (r * L + p) * L;
+              float sum = 0.f;
+              for (std::int64_t t = 0; t <= p; ++t) sum += (row[t] = std::pow(row[t], 8.f));
+              for (std::int64_t t = 0; t <= p; ++t) row[t] /= sum;
+            }
+          CAPTURE(c.name);
+          CAPTURE(split);
+          CAPTURE(ratio);
+          exact += attention_parity(c) ? 1 : 0;
+          ++cases;
+        }
+    MESSAGE(cases << " fair_paper pad-tie / peaked-attention cases, " << exact << " with bit-identical plans");
+    CHECK(exact * 10 >= cases * 8);
   }
 
   TEST_CASE("cuda parity: dense and strided compaction with random plans" * doctest::skip(no_device)) {

@@ -9,7 +9,8 @@
 //   budget is split (window / 2 to the earlier span) and each window is padded with its span's maximum; TOVA is
 //   anchored at each span's last token; H2O drops the attention from the later original span to the earlier one
 //   and divides by the number of queries left. StreamingLLM ramps each span and keeps one global top-k.
-//   (cpu/score_paper.hpp has the formulas.)
+//   (cpu/score_paper.hpp has the formulas; the CUDA backend computes the same with its attention kernels,
+//   cuda/detail/score_attention.cuh, and the shared pieces in detail/paper_spans.hpp.)
 // - Sinks are off by default (the paper keeps none explicitly); `protect.n_sink` turns them on. A whitelist and
 //   boundary tokens are charged to the widened span they sit in.
 // The proportional mode (allocators/fair.hpp) is fairkv's default; docs/kvpress-semantics.md compares the two.

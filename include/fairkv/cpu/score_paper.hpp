@@ -19,22 +19,13 @@
 
 #include "fairkv/cpu/score.hpp"
 #include "fairkv/detail/order.hpp"
+#include "fairkv/detail/paper_spans.hpp"
 #include "fairkv/detail/protected_tokens.hpp"
 
 namespace fairkv::cpu::detail {
 
-struct paper_spans {
-  std::int64_t earlier_begin = 0;  // the earlier original span [earlier_begin, split)
-  std::int64_t split = 0;          // end of the earlier span = begin of the later one
-  std::int64_t later_end = 0;      // the later original span [split, later_end)
-};
-
-// torch.linspace(0.1, 0.9, n) in float32, element i (the halves are computed from either end, as torch does).
-[[nodiscard]] inline float linspace_01_09(std::int64_t i, std::int64_t n) noexcept {
-  if (n == 1) return 0.1f;
-  const float start = 0.1f, end = 0.9f, step = (end - start) / static_cast<float>(n - 1);
-  return i < n / 2 ? start + step * static_cast<float>(i) : end - step * static_cast<float>(n - 1 - i);
-}
+// The spans, the StreamingLLM ramps and the window split are shared with the CUDA backend (detail/paper_spans.hpp).
+using fairkv::detail::paper_spans;
 
 // Every head's window tokens [w0, w1) get the head's maximum over [k0, k1) (1 if empty), raised for recency.
 inline void pad_with_span_max(float* scores, std::int64_t ld, std::int64_t heads, std::int64_t k0, std::int64_t k1,
@@ -56,9 +47,7 @@ result score_paper(const S& scorer, const layer_inputs<KeySource, Q>& in, std::i
     const std::int64_t sinks = std::min<std::int64_t>(scorer.n_sink, L);
     for (std::int64_t h = 0; h < heads; ++h) {
       float* row = scores + h * ld;
-      for (std::int64_t t = sinks; t < split; ++t) row[t] = linspace_01_09(t - sinks, split - sinks);
-      for (std::int64_t t = split; t < L; ++t) row[t] = linspace_01_09(t - split, L - split);
-      for (std::int64_t t = 0; t < sinks; ++t) row[t] = 1.f;
+      for (std::int64_t t = 0; t < L; ++t) row[t] = fairkv::detail::paper_streaming_score(t, L, split, sinks);
     }
     return {};
   } else if constexpr (!is_attention_source(S::source)) {
@@ -71,9 +60,8 @@ result score_paper(const S& scorer, const layer_inputs<KeySource, Q>& in, std::i
     float* acc = tmp + L;         // [L]
     float* pooled = tmp + 2 * L;  // [L]
     if constexpr (S::source == score_source::window_attention) {
-      const std::int64_t w_e = std::min<std::int64_t>(scorer.window / 2, split);
-      const std::int64_t w_l = std::min<std::int64_t>(scorer.window - w_e, L - split);
-      const std::int64_t spans[2][3] = {{0, split, w_e}, {split, L, w_l}};  // begin, end, window
+      const auto windows = fairkv::detail::paper_window_split(scorer.window, split, L);
+      const std::int64_t spans[2][3] = {{0, split, windows.earlier}, {split, L, windows.later}};  // begin, end, window
       const std::int64_t half = scorer.kernel / 2;
       for (const auto& span : spans) {
         const std::int64_t k0 = span[0], w = span[2], k1 = span[1] - w;  // scored keys [k0, k1), window [k1, end)

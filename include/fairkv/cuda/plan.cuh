@@ -14,7 +14,9 @@
 // head_adaptive: one block per (sequence, group), detail/select.cuh) -> emit (count + scan of the keep mask into
 // ascending indices, many blocks per row). Budgets per (head, group) are computed on the host by the policy's allocator: they
 // depend only on the sizes and whitelist counts, which the host knows. debias needs the plain policy's
-// per-group counts (a device result) and is not supported here (status::not_supported).
+// per-group counts (a device result) and is not supported here (status::not_supported). fair_paper (the paper's
+// two-span mode) widens its spans to the groups [0, split) and [split, L) on the host (one group for its
+// StreamingLLM) and scores with the same kernels in the paper's way (detail/score_attention.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,6 +37,8 @@
 #include "fairkv/cuda/detail/select_split.cuh"
 #include "fairkv/cuda/detail/workspace.cuh"
 #include "fairkv/cuda/error.cuh"
+#include "fairkv/detail/paper_spans.hpp"
+#include "fairkv/detail/protected_tokens.hpp"
 #include "fairkv/detail/validate.hpp"
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/layer_inputs.hpp"
@@ -84,13 +88,24 @@ inline void build_runs(std::span<const segment> segments, std::int32_t tokens, p
   for (std::int32_t g = 0; g < p.groups; ++g) p.slice_begin[g + 1] = p.slice_begin[g] + slices_of(p.sizes[g]);
 }
 
-// Scoring regions and the query rows each needs (cpu/score.hpp's score_region, one entry per region).
+// fair_paper's two adjacent segments (validated) as the original spans, in position order.
+[[nodiscard]] inline fairkv::detail::paper_spans paper_spans_of(std::span<const segment> segments) noexcept {
+  const bool first_is_earlier = segments[0].end == segments[1].begin;
+  const segment& earlier = segments[first_is_earlier ? 0 : 1];
+  const segment& later = segments[first_is_earlier ? 1 : 0];
+  return {earlier.begin, earlier.end, later.end};
+}
+
+// Scoring regions and the query rows each needs (cpu/score.hpp's score_region, one entry per region). fair_paper
+// (cpu/score_paper.hpp): its two widened spans are the runs, SnapKV's window is split between them, H2O is one
+// region over the whole sequence (a.paper and a.spans are set by the caller).
 template <class S, class A, class KeySource, class Q>
 [[nodiscard]] result build_attention(const S& scorer, const layer_inputs<KeySource, Q>& in, const plan_params& p,
                                      attention_params& a) noexcept {
-  constexpr bool local = A::segment_local;
+  constexpr bool paper = fairkv::detail::is_paper_allocator_v<A>;
+  constexpr bool whole = !A::segment_local || (paper && S::source == score_source::observed_attention);
   const std::int32_t L = p.tokens;
-  a.n_regions = local ? p.n_runs : 1;
+  a.n_regions = whole ? 1 : p.n_runs;
   a.q_heads = static_cast<std::int32_t>(in.q_heads());
   a.group = a.q_heads / p.heads;
   a.scale = in.scale != 0.f ? in.scale : 1.f / std::sqrt(static_cast<float>(in.keys.head_dim));
@@ -103,12 +118,16 @@ template <class S, class A, class KeySource, class Q>
   std::int32_t offset = 0;
   for (std::int32_t r = 0; r < a.n_regions; ++r) {
     attention_region& g = a.regions[r];
-    g.begin = local ? p.runs[r].begin : 0;
-    g.end = local ? p.runs[r].end : L;
+    g.begin = whole ? 0 : p.runs[r].begin;
+    g.end = whole ? L : p.runs[r].end;
     const std::int32_t n = g.end - g.begin;
     if constexpr (S::source == score_source::window_attention) {
-      const std::int32_t w = std::min<std::int32_t>(scorer.window, n - 1);
-      g.scored = w == 0 ? 0 : n - w;
+      // fair_paper: the window is split between the spans, a span without one scores 0; elsewhere a one-token
+      // region is its own window.
+      const auto windows = fairkv::detail::paper_window_split(scorer.window, a.spans.split, L);
+      const auto w = static_cast<std::int32_t>(
+          paper ? (r == 0 ? windows.earlier : windows.later) : std::min<std::int32_t>(scorer.window, n - 1));
+      g.scored = w == 0 && !paper ? 0 : n - w;
       g.rows = w;
       g.row_begin = g.end - w;
     } else if constexpr (S::source == score_source::last_attention) {
@@ -157,12 +176,6 @@ template <class S, class Sel, class A, class KeySource, class Q>
                          "implement it (use fairkv::cpu::plan)",
                          A::name);
   }
-  if constexpr (fairkv::detail::is_paper_allocator_v<A>) {
-    return result::error(status::not_supported,
-                         "allocator '%s' (the paper's two-span statistics) is implemented by the CPU backend only "
-                         "(use fairkv::cpu::plan)",
-                         A::name);
-  }
   if (segments.size() > static_cast<std::size_t>(max_segments))
     return result::error(status::not_supported, "%zu segments were given; the CUDA backend supports at most %d",
                          segments.size(), max_segments);
@@ -203,7 +216,17 @@ template <class S, class Sel, class A, class KeySource, class Q>
   p.heads = static_cast<std::int32_t>(heads);
   p.tokens = static_cast<std::int32_t>(L);
   if constexpr (Sel::kind == selection_kind::head_adaptive) p.alpha = pol.selector.alpha_safeguard;
-  build_runs(segments, p.tokens, p);
+  if constexpr (fairkv::detail::is_paper_allocator_v<A>) {
+    // The groups are the widened spans [0, split) and [split, L); the paper's StreamingLLM keeps one group.
+    a.paper = true;
+    a.spans = paper_spans_of(segments);
+    const auto split = static_cast<std::int32_t>(a.spans.split);
+    const segment widened[2] = {{0, split}, {split, p.tokens}};
+    build_runs(fairkv::detail::is_streaming_llm_v<S> ? std::span<const segment>{} : std::span<const segment>(widened),
+               p.tokens, p);
+  } else {
+    build_runs(segments, p.tokens, p);
+  }
   if constexpr (is_attention_source(S::source)) FAIRKV_TRY((build_attention<S, A>(pol.scorer, in, p, a)));
   if (!full) return {};
 
@@ -307,8 +330,17 @@ template <class S, class T, class Q>
                                    const attention_params& a, const plan_workspace& w, cudaStream_t stream) noexcept {
   const std::int64_t rows = static_cast<std::int64_t>(p.batch) * p.heads;
   if constexpr (S::source == score_source::position) {
-    launch(score_position_kernel<S>, grid_for(rows * p.tokens, 256), 256, 0, stream, scorer, p.batch, p.heads,
-           p.tokens, w.scores);
+    auto positions = [&](const auto& f) {
+      launch(score_position_kernel<std::decay_t<decltype(f)>>, grid_for(rows * p.tokens, 256), 256, 0, stream, f,
+             p.batch, p.heads, p.tokens, w.scores);
+    };
+    if constexpr (fairkv::detail::is_streaming_llm_v<S>) {
+      if (a.paper) {
+        positions(paper_streaming_position{a.spans.split, std::min<std::int64_t>(scorer.n_sink, p.tokens)});
+        return from_cuda(cudaGetLastError());
+      }
+    }
+    positions(scorer);
   } else if constexpr (S::source == score_source::keys) {
     const kv_view<const T>& k = in.keys;
     const int per_block = staged_rows(k.head_dim, sizeof(T));
@@ -336,7 +368,9 @@ template <class S, class T, class Q>
     launch(attention_finalize_kernel<S::source>, grid_for(rows * p.tokens, 256), 256, 0, stream, a, p.batch, p.heads,
            p.tokens, w.acc, w.scores);
     if constexpr (S::source != score_source::observed_attention)
-      launch(attention_pad_kernel<>, dim3(static_cast<unsigned>(a.n_regions), static_cast<unsigned>(p.batch)),
+      launch(attention_pad_kernel<>,
+             dim3(static_cast<unsigned>(a.n_regions), static_cast<unsigned>(p.batch),
+                  static_cast<unsigned>(a.paper ? p.heads : 1)),
              attention_threads, 0, stream, a, p.heads, p.tokens, w.scores);
   }
   return from_cuda(cudaGetLastError());

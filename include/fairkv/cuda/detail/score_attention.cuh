@@ -7,6 +7,10 @@
 //   3. finalize:   mean over the window and avg-pool (SnapKV), mean over query heads (TOVA), division by the
 //                  number of causal queries (H2O), GQA mean;
 //   4. pad:        window tokens / TOVA's anchor score (max over the region's scored tokens of every head) + 1.
+// The paper's two-span mode (fair_paper, cpu/score_paper.hpp) uses the same kernels with `attention_params::paper`:
+// every row's softmax spans keys [0, p] (slices of the full causal softmax, never re-normalised), a window or
+// anchor token gets its own head's maximum over the region's scored tokens (no + 1), a span without a window
+// scores 0, and H2O's queries of the later original span do not vote for keys of the earlier original span.
 // Never an L x L matrix: the scratch is O(query rows + q_heads * tokens). Dot products and exp differ from the
 // CPU's Eigen/libm in the last bits, so attention scores match the oracle to ~1e-6 relative, not bitwise.
 #pragma once
@@ -18,6 +22,7 @@
 
 #include "fairkv/cuda/detail/params.cuh"
 #include "fairkv/detail/order.hpp"
+#include "fairkv/detail/paper_spans.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/scorer.hpp"
 
@@ -41,8 +46,15 @@ struct attention_params {
   float scale = 1.f;
   bool from_queries = false;   // else the engine's attention rows (or column sums for H2O)
   bool column_sums = false;    // H2O from inputs.attention_column_sums
+  bool paper = false;          // fair_paper: the paper's statistics (above); the regions are its widened spans
+  fairkv::detail::paper_spans spans{};  // fair_paper: the original spans (H2O's cut, StreamingLLM's ramps)
   attention_region regions[max_runs];
 };
+
+// fair_paper's H2O: is key t in the earlier original span, whose votes from the later original span are dropped?
+[[nodiscard]] __device__ inline bool paper_cut_key(const attention_params& a, std::int64_t t) {
+  return a.paper && t >= a.spans.earlier_begin && t < a.spans.split;
+}
 
 [[nodiscard]] __device__ inline const attention_region& region_of_token(const attention_params& a, std::int32_t t) {
   std::int32_t lo = 0, hi = a.n_regions - 1;
@@ -90,11 +102,12 @@ __global__ void __launch_bounds__(attention_threads)
   const std::int64_t p = reg.row_begin + (r - reg.row_offset);
   const std::int64_t L = in.keys.tokens;
   const std::int64_t kvh = qh / a.group;
+  const std::int64_t k0 = a.paper ? 0 : reg.begin;  // the softmax's first key
   row_stat st{0.f, 1.f};
   if (a.from_queries) {
     const std::int64_t qi = p - (L - in.queries.tokens);
     float m = -INFINITY;
-    for (std::int64_t t = reg.begin + threadIdx.x; t <= p; t += attention_threads)
+    for (std::int64_t t = k0 + threadIdx.x; t <= p; t += attention_threads)
       m = fmaxf(m, scaled_dot(in.queries, b, qh, qi, in.keys.row(b, kvh, t), in.keys.stride_dim, in.keys.head_dim,
                               a.scale));
     const float bm = reduce_t(tmp).Reduce(m, [](float x, float y) { return fmaxf(x, y); });
@@ -102,7 +115,7 @@ __global__ void __launch_bounds__(attention_threads)
     __syncthreads();
     const float mx = shared_max;
     float s = 0.f;
-    for (std::int64_t t = reg.begin + threadIdx.x; t <= p; t += attention_threads)
+    for (std::int64_t t = k0 + threadIdx.x; t <= p; t += attention_threads)
       s += expf(scaled_dot(in.queries, b, qh, qi, in.keys.row(b, kvh, t), in.keys.stride_dim, in.keys.head_dim,
                            a.scale) - mx);
     const float sum = reduce_t(tmp).Sum(s);
@@ -111,9 +124,9 @@ __global__ void __launch_bounds__(attention_threads)
     const std::int64_t ld = in.attention_ld != 0 ? in.attention_ld : L;
     const float* row = in.attention + ((b * a.q_heads + qh) * in.attention_rows + (p - (L - in.attention_rows))) * ld;
     float s = 0.f;
-    for (std::int64_t t = reg.begin + threadIdx.x; t <= p; t += attention_threads) s += row[t];
+    for (std::int64_t t = k0 + threadIdx.x; t <= p; t += attention_threads) s += row[t];
     const float sum = reduce_t(tmp).Sum(s);
-    st = {0.f, reg.begin == 0 ? 1.f : 1.f / sum};  // the full row is already normalised
+    st = {0.f, k0 == 0 ? 1.f : 1.f / sum};  // the full row is already normalised
   }
   if (threadIdx.x == 0) stats[(static_cast<std::int64_t>(b) * a.q_heads + qh) * a.total_rows + r] = st;
 }
@@ -138,9 +151,11 @@ __global__ void __launch_bounds__(attention_threads)
       const T* k = in.keys.row(b, kvh, t);
       const row_stat* st = stats + (static_cast<std::int64_t>(b) * a.q_heads + qh) * a.total_rows + reg.row_offset;
       const std::int64_t ld = in.attention_ld != 0 ? in.attention_ld : L;
+      const bool cut = Source == score_source::observed_attention && paper_cut_key(a, t);
       for (std::int32_t i = 0; i < reg.rows; ++i) {
         const std::int64_t p = reg.row_begin + i;
         if (p < t) continue;  // causal: only queries at or after the key see it (H2O's rows start at the region)
+        if (cut && p >= a.spans.split && p < a.spans.later_end) continue;  // fair_paper: a later-span query
         float prob;
         if (a.from_queries) {
           const float l = scaled_dot(in.queries, b, qh, p - (L - in.queries.tokens), k, in.keys.stride_dim,
@@ -176,6 +191,10 @@ __global__ void attention_finalize_kernel(__grid_constant__ const attention_para
     const float* ab = acc + b * a.q_heads * static_cast<std::int64_t>(tokens);
     float s = 0.f;
     if constexpr (Source == score_source::window_attention) {
+      if (reg.rows == 0) {  // fair_paper: a span without a window scores 0 (elsewhere no rows means nothing scored)
+        scores[i] = 0.f;
+        continue;
+      }
       const std::int32_t half = a.kernel / 2, m = reg.scored;
       const std::int32_t j0 = lt - half > 0 ? lt - half : 0, j1 = lt + half < m - 1 ? lt + half : m - 1;
       for (std::int32_t g = 0; g < a.group; ++g) {
@@ -189,8 +208,10 @@ __global__ void attention_finalize_kernel(__grid_constant__ const attention_para
       for (std::int32_t qh = 0; qh < a.q_heads; ++qh) s += ab[static_cast<std::int64_t>(qh) * tokens + t];
       s /= static_cast<float>(a.q_heads);
     } else {
+      // Queries that see t: up to the region's end, or up to the split for fair_paper's cut keys.
+      const std::int64_t seen = paper_cut_key(a, t) ? a.spans.split - t : reg.end - t;
       for (std::int32_t g = 0; g < a.group; ++g)
-        s += ab[static_cast<std::int64_t>(h * a.group + g) * tokens + t] / static_cast<float>(reg.end - t);
+        s += ab[static_cast<std::int64_t>(h * a.group + g) * tokens + t] / static_cast<float>(seen);
       s /= static_cast<float>(a.group);
     }
     scores[i] = s;
@@ -199,7 +220,9 @@ __global__ void attention_finalize_kernel(__grid_constant__ const attention_para
 
 // One block per (region, batch): the window tokens (or TOVA's anchor) score max + 1 over the region's scored
 // tokens of every head, NaN ignored; 1 when nothing is scored; window token j raised by j ulps so ties keep the
-// most recent (as cpu/score.hpp). scores [batch * heads, tokens]
+// most recent (as cpu/score.hpp). fair_paper: one block per (region, batch, head), the pad is that head's maximum
+// as std::max_element finds it in cpu/score_paper.hpp (NaN only when the first scored token is NaN), 1 when
+// nothing is scored. grid = (regions, batch, paper ? heads : 1). scores [batch * heads, tokens]
 template <int = 0>
 __global__ void __launch_bounds__(attention_threads)
     attention_pad_kernel(__grid_constant__ const attention_params a, std::int32_t heads, std::int32_t tokens, float* scores) {
@@ -208,19 +231,25 @@ __global__ void __launch_bounds__(attention_threads)
   __shared__ float pad;
   const attention_region& reg = a.regions[blockIdx.x];
   const std::int64_t b = blockIdx.y;
-  const std::int64_t n = static_cast<std::int64_t>(heads) * reg.scored;
+  const std::int64_t h0 = a.paper ? blockIdx.z : 0, nh = a.paper ? 1 : heads;  // the heads this block pads
+  float* first = scores + (b * heads + h0) * tokens + reg.begin;                // first scored token of head h0
+  const std::int64_t n = nh * reg.scored;
   float m = -INFINITY;
   for (std::int64_t i = threadIdx.x; i < n; i += attention_threads) {
-    const float v = scores[(b * heads + i / reg.scored) * tokens + reg.begin + i % reg.scored];
+    const float v = first[(i / reg.scored) * tokens + i % reg.scored];
     if (!isnan(v)) m = fmaxf(m, v);
   }
   const float bm = reduce_t(tmp).Reduce(m, [](float x, float y) { return fmaxf(x, y); });
-  if (threadIdx.x == 0) pad = reg.scored > 0 ? bm + 1.f : 1.f;
+  if (threadIdx.x == 0) {
+    if (reg.scored == 0)
+      pad = 1.f;
+    else
+      pad = !a.paper ? bm + 1.f : isnan(first[0]) ? first[0] : bm;
+  }
   __syncthreads();
   const std::int64_t w = reg.end - reg.begin - reg.scored;
-  for (std::int64_t i = threadIdx.x; i < heads * w; i += attention_threads)
-    scores[(b * heads + i / w) * tokens + reg.begin + reg.scored + i % w] =
-        fairkv::detail::raised_by(pad, static_cast<std::uint32_t>(i % w));
+  for (std::int64_t i = threadIdx.x; i < nh * w; i += attention_threads)
+    first[(i / w) * tokens + reg.scored + i % w] = fairkv::detail::raised_by(pad, static_cast<std::uint32_t>(i % w));
 }
 
 }  // namespace fairkv::cuda::detail

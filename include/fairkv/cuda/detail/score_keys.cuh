@@ -1,4 +1,5 @@
-// Scoring kernels for the scorers that read nothing (position) or one key row at a time (keys, e.g. K-Norm).
+// Scoring kernels for the scorers that read nothing (position, fair_paper's StreamingLLM ramps) or one key row at a
+// time (keys, e.g. K-Norm).
 // The scorer's own operator() runs on the device, so GPU and CPU evaluate the same float expression; with
 // nvcc's -fmad=false (see docs/cuda-backend.md) the scores are bit-identical to the CPU oracle's.
 #pragma once
@@ -6,6 +7,7 @@
 #include <cstdint>
 
 #include "fairkv/cuda/detail/launch.cuh"
+#include "fairkv/detail/paper_spans.hpp"
 #include "fairkv/scorer.hpp"
 #include "fairkv/views/kv_view.hpp"
 
@@ -22,6 +24,16 @@ __global__ void score_position_kernel(S scorer, std::int32_t batch, std::int32_t
     scores[i] = scorer(token_info{t, tokens, row % heads, row / heads});
   }
 }
+
+// fair_paper's StreamingLLM (detail/paper_spans.hpp) as a position scorer for score_position_kernel: the
+// ramps 0.1 .. 0.9 of [sinks, split) and [split, L), the sinks 1, the CPU oracle's float expression.
+struct paper_streaming_position {
+  std::int64_t split = 0;
+  std::int64_t sinks = 0;  // min(n_sink, L)
+  [[nodiscard]] FAIRKV_HOST_DEVICE float operator()(const token_info& where) const noexcept {
+    return fairkv::detail::paper_streaming_score(where.index, where.tokens, split, sinks);
+  }
+};
 
 inline constexpr int key_score_threads = 128;
 inline constexpr int key_score_smem_bytes = 40 * 1024;
