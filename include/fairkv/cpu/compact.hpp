@@ -10,6 +10,7 @@
 
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/status.hpp"
+#include "fairkv/views/footprint.hpp"
 #include "fairkv/views/kv_view.hpp"
 #include "fairkv/views/paged_kv_view.hpp"
 
@@ -56,6 +57,9 @@ template <class T>
   FAIRKV_TRY(validate(plan, "plan"));
   FAIRKV_TRY(validate(keys, "keys"));
   FAIRKV_TRY(validate(values, "values"));
+  // The same memory twice (or K and V overlapping) would be moved twice and corrupt both.
+  FAIRKV_TRY(fairkv::detail::check_disjoint(fairkv::detail::footprint_of(keys), "keys",
+                                            fairkv::detail::footprint_of(values), "values"));
   FAIRKV_TRY(detail::check_extents(plan, keys, "keys"));
   FAIRKV_TRY(detail::check_extents(plan, values, "values"));
   detail::move_rows(plan, keys);
@@ -63,8 +67,9 @@ template <class T>
   return {};
 }
 
-// Paged: moves K and V within each sequence's own pages. Pages past the new length can be freed by the engine
-// (see compacted_pages); head_adaptive plans leave ragged per-head counts, the longest one decides.
+// Paged: moves K and V within each sequence's own pages (validate() also refuses K and V pools that overlap).
+// Pages past the new length can be freed by the engine (see compacted_pages); head_adaptive plans leave ragged
+// per-head counts, the longest one decides.
 template <class T>
 [[nodiscard]] result compact(const keep_plan_view& plan, const paged_kv_view<T>& view) noexcept {
   static_assert(!std::is_const_v<T>, "fairkv::cpu::compact writes the cache: pass a view of non-const elements");

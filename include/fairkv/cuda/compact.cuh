@@ -30,6 +30,7 @@
 #include "fairkv/cuda/error.cuh"
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/status.hpp"
+#include "fairkv/views/footprint.hpp"
 #include "fairkv/views/kv_view.hpp"
 #include "fairkv/views/paged_kv_view.hpp"
 
@@ -288,6 +289,10 @@ template <class T>
   FAIRKV_TRY(detail::check_plan_extents(plan, keys.batch, keys.heads, "keys"));
   FAIRKV_TRY(validate(keys, "keys"));
   FAIRKV_TRY(validate(values, "values"));
+  // As on the CPU: K and V sharing memory would be moved twice (and the chunks' read-before-write order only holds
+  // within one view).
+  FAIRKV_TRY(fairkv::detail::check_disjoint(fairkv::detail::footprint_of(keys), "keys",
+                                            fairkv::detail::footprint_of(values), "values"));
   FAIRKV_TRY(detail::check_plan_extents(plan, values.batch, values.heads, "values"));
   if (keys.tokens != values.tokens || keys.head_dim != values.head_dim)
     return result::error(status::invalid_shape, "keys are [tokens %lld, head_dim %lld] but values are [%lld, %lld]",
@@ -304,14 +309,8 @@ template <class T>
                              const paged_kv_view<T>& view, cudaStream_t stream = nullptr) noexcept {
   static_assert(!std::is_const_v<T>, "fairkv::cuda::compact writes the cache: pass a view of non-const elements");
   FAIRKV_TRY(detail::check_plan_extents(plan, view.batch, view.heads, "view"));
-  if (view.k_data == nullptr || view.v_data == nullptr)
-    return result::error(status::null_pointer, "view: k_data and v_data must be non-null");
-  if (view.indptr == nullptr || view.indices == nullptr || view.last_page_len == nullptr)
-    return result::error(status::null_pointer, "view: indptr, indices and last_page_len must all be non-null");
-  if (view.batch <= 0 || view.num_pages <= 0 || view.page_size <= 0 || view.heads <= 0 || view.head_dim <= 0)
-    return result::error(status::invalid_shape, "view: batch, num_pages, page_size, heads and head_dim must be positive");
-  if (view.stride_page <= 0 || view.stride_slot <= 0 || view.stride_head <= 0 || view.stride_dim <= 0)
-    return result::error(status::invalid_shape, "view: strides must be positive");
+  // The CPU's checks that need no page table: extents, aliasing and overflowing strides, K and V pools disjoint.
+  FAIRKV_TRY(validate_layout(view, "view"));
   return detail::launch_compact<T>(d_temp_storage, temp_storage_bytes, plan, view.keys(), view.values(),
                                    view.head_dim, -1, stream);
 }

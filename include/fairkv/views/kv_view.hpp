@@ -7,8 +7,10 @@
 #include <type_traits>
 
 #include "fairkv/config.hpp"
+#include "fairkv/detail/checked_math.hpp"
 #include "fairkv/dtype.hpp"
 #include "fairkv/status.hpp"
+#include "fairkv/views/footprint.hpp"
 
 namespace fairkv {
 
@@ -49,11 +51,16 @@ struct kv_view {
   }
 };
 
+// The helpers cannot report an error, so a stride whose product overflows is saturated to INT64_MAX: validate()
+// then rejects it as an overflow naming that stride, instead of a wrapped value passing or failing as "aliasing".
+
 // [batch, heads, tokens, head_dim] densely packed, head_dim fastest (HF / kvpress layout).
 template <class T>
 [[nodiscard]] constexpr kv_view<T> make_contiguous_view(T* data, std::int64_t batch, std::int64_t heads,
                                                         std::int64_t tokens, std::int64_t head_dim) noexcept {
-  return {data, batch, heads, tokens, head_dim, heads * tokens * head_dim, tokens * head_dim, head_dim, 1};
+  using detail::saturating_mul;
+  return {data, batch, heads, tokens, head_dim, saturating_mul(saturating_mul(heads, tokens), head_dim),
+          saturating_mul(tokens, head_dim), head_dim, 1};
 }
 
 // A cache with room for `capacity` tokens per head of which `tokens` are filled: [batch, heads, capacity, head_dim].
@@ -61,11 +68,29 @@ template <class T>
 [[nodiscard]] constexpr kv_view<T> make_capacity_view(T* data, std::int64_t batch, std::int64_t heads,
                                                       std::int64_t tokens, std::int64_t capacity,
                                                       std::int64_t head_dim) noexcept {
-  return {data, batch, heads, tokens, head_dim, heads * capacity * head_dim, capacity * head_dim, head_dim, 1};
+  using detail::saturating_mul;
+  return {data, batch, heads, tokens, head_dim, saturating_mul(saturating_mul(heads, capacity), head_dim),
+          saturating_mul(capacity, head_dim), head_dim, 1};
 }
 
-// Checks that a view describes addressable memory: positive extents, non-negative strides, and no two
-// (head, token, dim) elements of one batch entry aliasing each other (so an in-place move cannot corrupt).
+namespace detail {
+// [batch, heads, tokens, head_dim] with their strides, named as the fields.
+template <class T>
+[[nodiscard]] footprint footprint_of(const kv_view<T>& v) noexcept {
+  return {reinterpret_cast<std::uintptr_t>(v.data),
+          static_cast<std::int64_t>(sizeof(T)),
+          4,
+          {{v.batch, v.stride_batch, "batch", "stride_batch"},
+           {v.heads, v.stride_head, "heads", "stride_head"},
+           {v.tokens, v.stride_token, "tokens", "stride_token"},
+           {v.head_dim, v.stride_dim, "head_dim", "stride_dim"}}};
+}
+}  // namespace detail
+
+// Checks that a view describes addressable memory: positive extents, non-negative strides, no two
+// (head, token, dim) elements of one batch entry aliasing each other (so an in-place move cannot corrupt), and
+// a span whose every offset is computable: the engine's fields are not trusted, so nothing here can overflow and
+// a view that would reach past the address space is rejected with the field at fault.
 template <class T>
 [[nodiscard]] result validate(const kv_view<T>& v, const char* name) noexcept {
   if (v.data == nullptr) return result::error(status::null_pointer, "%s.data is null", name);
@@ -77,28 +102,19 @@ template <class T>
                          static_cast<long long>(v.tokens), static_cast<long long>(v.head_dim));
   if (v.stride_batch < 0 || v.stride_head < 0 || v.stride_token < 0 || v.stride_dim <= 0)
     return result::error(status::invalid_shape, "%s has a negative or zero stride", name);
-  // Aliasing check: sort the three inner (extent, stride) pairs by stride; each stride must step over the
-  // whole span of the smaller ones.
-  struct dim {
-    std::int64_t extent, stride;
-  } d[3] = {{v.heads, v.stride_head}, {v.tokens, v.stride_token}, {v.head_dim, v.stride_dim}};
-  for (int i = 0; i < 3; ++i)
-    for (int j = i + 1; j < 3; ++j)
-      if (d[j].stride < d[i].stride || (d[j].stride == d[i].stride && d[j].extent > d[i].extent)) {
-        const dim t = d[i];
-        d[i] = d[j];
-        d[j] = t;
-      }
-  std::int64_t span = 1;
-  for (const dim& x : d) {
-    if (x.extent <= 1) continue;
-    if (x.stride < span)
-      return result::error(status::invalid_shape, "%s has overlapping strides (elements alias each other)", name);
-    span = x.stride * (x.extent - 1) + span;
+  const detail::footprint f = detail::footprint_of(v);
+  std::int64_t span = 0;
+  FAIRKV_TRY(detail::nested_span(f.dims + 1, 3, name, span));  // heads, tokens, head_dim of one batch entry
+  if (v.batch > 1) {
+    if (v.stride_batch < span)
+      return result::error(status::invalid_shape, "%s.stride_batch overlaps the previous batch entry", name);
+    std::int64_t step = 0;
+    if (!detail::checked_mul(v.stride_batch, v.batch - 1, step) || !detail::checked_add(step, span, span))
+      return result::error(status::invalid_shape,
+                           "%s.stride_batch = %lld times (batch - 1) = %lld overflows a 64-bit element offset", name,
+                           static_cast<long long>(v.stride_batch), static_cast<long long>(v.batch - 1));
   }
-  if (v.batch > 1 && v.stride_batch < span)
-    return result::error(status::invalid_shape, "%s.stride_batch overlaps the previous batch entry", name);
-  return {};
+  return detail::check_address_range(f, span, name);
 }
 
 }  // namespace fairkv

@@ -3,11 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <type_traits>
 
 #include "fairkv/config.hpp"
+#include "fairkv/detail/checked_math.hpp"
 #include "fairkv/dtype.hpp"
 #include "fairkv/status.hpp"
+#include "fairkv/views/footprint.hpp"
 
 namespace fairkv {
 
@@ -91,21 +94,41 @@ template <class T>
                                                          std::int64_t batch, const std::int32_t* indptr,
                                                          const std::int32_t* indices,
                                                          const std::int32_t* last_page_len) noexcept {
-  paged_kv_view<T> v{k_data, v_data, num_pages, page_size, heads, head_dim, page_size * heads * head_dim,
+  // Saturated like make_contiguous_view: an overflowing product is rejected by validate() naming the stride.
+  using detail::saturating_mul;
+  paged_kv_view<T> v{k_data, v_data, num_pages, page_size, heads, head_dim,
+                     saturating_mul(saturating_mul(page_size, heads), head_dim),
                      0, 0, 1, batch, indptr, indices, last_page_len};
   if (layout == page_layout::nhd) {
-    v.stride_slot = heads * head_dim;
+    v.stride_slot = saturating_mul(heads, head_dim);
     v.stride_head = head_dim;
   } else {
-    v.stride_head = page_size * head_dim;
+    v.stride_head = saturating_mul(page_size, head_dim);
     v.stride_slot = head_dim;
   }
   return v;
 }
 
-// Host-side validation of one side's page tables: they are read before anything is written.
+namespace detail {
+// The page pool [num_pages, page_size, heads, head_dim] with its strides, named as the fields.
 template <class T>
-[[nodiscard]] result validate(const paged_side<T>& v, const char* name) noexcept {
+[[nodiscard]] footprint footprint_of(const paged_side<T>& v) noexcept {
+  return {reinterpret_cast<std::uintptr_t>(v.data),
+          static_cast<std::int64_t>(sizeof(T)),
+          4,
+          {{v.num_pages, v.stride_page, "num_pages", "stride_page"},
+           {v.page_size, v.stride_slot, "page_size", "stride_slot"},
+           {v.heads, v.stride_head, "heads", "stride_head"},
+           {v.head_dim, v.stride_dim, "head_dim", "stride_dim"}}};
+}
+}  // namespace detail
+
+// What can be checked without reading the page tables (which the CUDA backend keeps in device memory): pointers
+// non-null, positive extents and strides, no two pool elements aliasing (pages, slots, heads and dims in any
+// order, as for kv_view: overlapping pages would make compaction copy onto its own source), and a pool whose
+// every offset is computable without overflow.
+template <class T>
+[[nodiscard]] result validate_layout(const paged_side<T>& v, const char* name) noexcept {
   if (v.data == nullptr) return result::error(status::null_pointer, "%s.data is null", name);
   if (v.indptr == nullptr || v.indices == nullptr || v.last_page_len == nullptr)
     return result::error(status::null_pointer, "%s: indptr, indices and last_page_len must all be non-null", name);
@@ -114,6 +137,16 @@ template <class T>
                          "%s: batch, num_pages, page_size, heads and head_dim must be positive", name);
   if (v.stride_page <= 0 || v.stride_slot <= 0 || v.stride_head <= 0 || v.stride_dim <= 0)
     return result::error(status::invalid_shape, "%s: strides must be positive", name);
+  const detail::footprint f = detail::footprint_of(v);
+  std::int64_t span = 0;
+  FAIRKV_TRY(detail::nested_span(f.dims, f.rank, name, span));
+  return detail::check_address_range(f, span, name);
+}
+
+// Host-side validation of one side's page tables: they are read before anything is written.
+template <class T>
+[[nodiscard]] result validate(const paged_side<T>& v, const char* name) noexcept {
+  FAIRKV_TRY(validate_layout(v, name));
   if (v.indptr[0] != 0) return result::error(status::invalid_shape, "%s.indptr[0] must be 0", name);
   for (std::int64_t b = 0; b < v.batch; ++b) {
     if (v.indptr[b + 1] < v.indptr[b])
@@ -122,6 +155,15 @@ template <class T>
     if (pages > 0 && (v.last_page_len[b] < 1 || v.last_page_len[b] > v.page_size))
       return result::error(status::invalid_shape, "%s.last_page_len[%lld] = %d is outside [1, page_size %lld]",
                            name, static_cast<long long>(b), v.last_page_len[b], static_cast<long long>(v.page_size));
+    // tokens_of() computes this unchecked (it runs in kernels); a page table listing a page many times could
+    // still make it overflow for a huge page_size.
+    std::int64_t tokens = 0;
+    if (pages > 0 && (!detail::checked_mul(pages - 1, v.page_size, tokens) ||
+                      !detail::checked_add(tokens, v.last_page_len[b], tokens)))
+      return result::error(status::invalid_shape,
+                           "%s: sequence %lld has %lld pages of page_size %lld, more tokens than a 64-bit count holds",
+                           name, static_cast<long long>(b), static_cast<long long>(pages),
+                           static_cast<long long>(v.page_size));
   }
   for (std::int64_t i = 0; i < v.indptr[v.batch]; ++i)
     if (v.indices[i] < 0 || v.indices[i] >= v.num_pages)
@@ -130,10 +172,25 @@ template <class T>
   return {};
 }
 
+// Both pools without reading the page tables: each pool's layout (they share strides, only the pointers differ)
+// and K and V disjoint (exactly, so FlashInfer's interleaved [pages][2][...] pool passes; views/footprint.hpp).
 template <class T>
-[[nodiscard]] result validate(const paged_kv_view<T>& v, const char* name) noexcept {
+[[nodiscard]] result validate_layout(const paged_kv_view<T>& v, const char* name) noexcept {
   if (v.v_data == nullptr) return result::error(status::null_pointer, "%s.v_data is null", name);
   if (v.k_data == nullptr) return result::error(status::null_pointer, "%s.k_data is null", name);
+  FAIRKV_TRY(validate_layout(v.keys(), name));
+  const detail::footprint k = detail::footprint_of(v.keys()), vf = detail::footprint_of(v.values());
+  char pool[64];
+  std::snprintf(pool, sizeof(pool), "%s.v_data", name);
+  FAIRKV_TRY(detail::check_address_range(vf, k.elements(), pool));
+  char k_pool[64];
+  std::snprintf(k_pool, sizeof(k_pool), "%s.k_data", name);
+  return detail::check_disjoint(k, k_pool, vf, pool);
+}
+
+template <class T>
+[[nodiscard]] result validate(const paged_kv_view<T>& v, const char* name) noexcept {
+  FAIRKV_TRY(validate_layout(v, name));
   FAIRKV_TRY(validate(v.keys(), name));
   const std::int64_t nnz = v.indptr[v.batch];
   // A page listed twice (or shared by two sequences, as prefix caching does) would make the in-place compaction
