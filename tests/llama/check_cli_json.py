@@ -51,7 +51,11 @@ def main():
     zero = run(binary, "--model", model, "--policy", "snapkv", "--ratio", "0", "--fair")
     assert zero["turns"][0]["answer"] == base["turns"][0]["answer"], (zero["turns"], base["turns"])
     for ratio in ("0.3", "0.7"):
-        r = run(binary, "--model", model, "--policy", "snapkv", "--ratio", ratio, "--window", "16", "--fair")
+        # --sinks 0: the proportional shares alone; with the default 4 sinks every layer keeps them.
+        r = run(binary, "--model", model, "--policy", "snapkv", "--ratio", ratio, "--window", "16", "--fair",
+                "--sinks", "0")
+        s4 = run(binary, "--model", model, "--policy", "snapkv", "--ratio", ratio, "--window", "16", "--fair")
+        assert s4["sinks"] == 4 and s4["sinks_kept_per_layer"] == [1.0] * 30, s4["sinks_kept_per_layer"]
         assert r["fair"] is True and r["policy"] == "snapkv"
         assert len(r["kept_per_layer"]) == r["n_layers"] == 30
         for i, s in enumerate(r["segments"]):

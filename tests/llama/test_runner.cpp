@@ -88,8 +88,13 @@ TEST_CASE("runner: fair eviction keeps each segment's share within one token, in
       o.compress.ratio = ratio;
       o.compress.window = 16;
       o.compress.fair = true;
+      o.compress.sinks = 0;  // the proportional shares alone (sinks pin the template group: checked below)
       o.max_new_tokens = 2;
       const llama::run_report r = llama::run_session(o);
+      o.compress.sinks = -1;  // the default: 4 sinks, kept in every layer and head
+      const llama::run_report with_sinks = llama::run_session(o);
+      CHECK(with_sinks.sinks == 4);
+      for (double kept : with_sinks.sinks_kept_per_layer) CHECK(kept == 1.0);
       REQUIRE(r.segments.size() == 2);
       CHECK(r.segments[0].name == "defense");
       CHECK(r.segments[1].name == "task");
