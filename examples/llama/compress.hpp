@@ -24,6 +24,10 @@ struct compress_request {
   int window = 64;                     // snapkv observation window
   std::string selector = "per_head";   // per_head | union | head_adaptive
   bool fair = false;                   // fair allocation over `segments`
+  // Stored and validated only, not applied yet (the library wiring of issue 10 uses them):
+  std::string fair_mode = "proportional";  // proportional | paper (docs/design: "Two fair modes")
+  int sinks = 4;                       // attention-sink tokens always kept under fair eviction, [0, max_sinks]
+  int boundary = 0;                    // first/last `boundary` tokens of every segment kept, [0, max_boundary]
   std::vector<fairkv::segment> segments;  // token ranges in the system turn (used for allocation when fair)
   std::vector<int32_t> whitelist;         // system-turn token indices always kept
 };
@@ -34,9 +38,15 @@ struct compress_result {
   int window_used = 0;  // snapkv's window after clamping to the system turn
 };
 
+inline constexpr int max_sinks = 1024;
+inline constexpr int max_boundary = 1024;
+
+inline bool is_known_fair_mode(const std::string& m) { return m == "proportional" || m == "paper"; }
+
 inline bool is_known_policy(const std::string& p) {
   return p == "none" || p == "knorm" || p == "streaming_llm" || p == "snapkv" || p == "tova" || p == "h2o";
 }
+inline bool is_known_selector(const std::string& s) { return s == "per_head" || s == "union" || s == "head_adaptive"; }
 
 // Attention-based scorers need the system turn's post-RoPE queries; the others only read keys (or positions),
 // so the prefill need not keep [n_layers][n_heads][n_sys][head_dim] queries for them.
