@@ -25,7 +25,7 @@ struct compress_request {
   std::string selector = "per_head";   // per_head | union | head_adaptive
   bool fair = false;                   // fair allocation over `segments`
   std::string fair_mode = "proportional";  // proportional (fairkv) | paper (the paper's two-span presses)
-  int sinks = -1;                      // attention sinks kept under fair; -1: the mode's default (4, paper 0)
+  int sinks = -1;                      // attention sinks kept under fair, [0, max_sinks]; -1: the mode's default (4, paper 0)
   int boundary = 0;                    // first/last `boundary` tokens of every segment kept under fair
   std::vector<fairkv::segment> segments;  // token ranges in the system turn (used for allocation when fair)
   std::vector<int32_t> whitelist;         // system-turn token indices always kept
@@ -38,6 +38,11 @@ struct compress_result {
   int sinks = 0;        // attention sinks the allocator protects (0 without --fair)
 };
 
+inline constexpr int max_sinks = 1024;
+inline constexpr int max_boundary = 1024;
+
+inline bool is_known_fair_mode(const std::string& m) { return m == "proportional" || m == "paper"; }
+
 // The sinks a fair configuration keeps: --sinks, else the mode's default (the paper keeps none of its own).
 inline int sinks_of(const compress_request& r) {
   if (!r.fair) return 0;
@@ -47,6 +52,7 @@ inline int sinks_of(const compress_request& r) {
 inline bool is_known_policy(const std::string& p) {
   return p == "none" || p == "knorm" || p == "streaming_llm" || p == "snapkv" || p == "tova" || p == "h2o";
 }
+inline bool is_known_selector(const std::string& s) { return s == "per_head" || s == "union" || s == "head_adaptive"; }
 
 // Attention-based scorers need the system turn's post-RoPE queries; the others only read keys (or positions),
 // so the prefill need not keep [n_layers][n_heads][n_sys][head_dim] queries for them.

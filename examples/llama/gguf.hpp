@@ -6,6 +6,7 @@
 // Format reference: the GGUF specification in the ggml repository (docs/gguf.md).
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstddef>
@@ -610,6 +611,20 @@ class file {
                     std::to_string(ti.nbytes) + ") lies outside the data section (" + std::to_string(data_size) +
                     " bytes): truncated file?");
       ti.data = base + data_offset_ + ti.offset;
+    }
+    // No two tensors may share bytes: an aliased or overlapping offset would make one weight read another's data.
+    std::vector<const tensor_info*> by_offset;
+    for (const tensor_info& ti : tensors_)
+      if (ti.nbytes > 0) by_offset.push_back(&ti);
+    std::sort(by_offset.begin(), by_offset.end(),
+              [](const tensor_info* a, const tensor_info* b) { return a->offset < b->offset; });
+    for (size_t k = 1; k < by_offset.size(); ++k) {
+      const tensor_info& a = *by_offset[k - 1];
+      const tensor_info& b = *by_offset[k];
+      if (b.offset < a.offset + a.nbytes)  // no overflow: both lie inside the data section
+        throw error("gguf: tensors " + detail::quoted(a.name) + " (data [" + std::to_string(a.offset) + ", +" +
+                    std::to_string(a.nbytes) + ")) and " + detail::quoted(b.name) + " (data [" +
+                    std::to_string(b.offset) + ", +" + std::to_string(b.nbytes) + ")) overlap");
     }
   }
 

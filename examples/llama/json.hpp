@@ -1,10 +1,12 @@
 // A minimal JSON writer for the runner's --json report (no dependency for a handful of fields).
 #pragma once
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "utf8.hpp"
 
@@ -34,11 +36,19 @@ inline std::string quote(std::string_view raw) {
   return out + "\"";
 }
 
+// A JSON array of strings.
+inline std::string quote_list(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + quote(items[i]);
+  return out + "]";
+}
+
+// The shortest text that reads back as exactly v (0.9999999 stays 0.9999999, not 1); "null" if not finite.
 inline std::string number(double v) {
   if (!std::isfinite(v)) return "null";
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
 }  // namespace llama::json

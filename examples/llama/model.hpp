@@ -3,7 +3,11 @@
 // vectors (norm weights) are read in place.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -63,70 +67,116 @@ class model {
  private:
   model(gguf::file f, std::string path) : file_(std::move(f)), path_(std::move(path)) { init(); }
 
+  // The hyper-parameters, each checked alone and against the others and against the tensors' extents; every
+  // message names the GGUF key (or the tensor) it comes from, so a corrupted file never runs with garbage.
   void init() {
     const std::string arch = file_.has("general.architecture") ? file_.get_string("general.architecture") : "";
-    if (arch != "llama")
-      throw std::runtime_error("model '" + path_ + "': general.architecture is '" + arch +
-                               "', the runner only implements 'llama'");
-    auto key = [](const char* k) { return std::string("llama.") + k; };
-    hp_.n_layers = int(file_.get_u32(key("block_count")));
-    hp_.d_model = int(file_.get_u32(key("embedding_length")));
-    hp_.d_ff = int(file_.get_u32(key("feed_forward_length")));
-    hp_.n_heads = int(file_.get_u32(key("attention.head_count")));
-    hp_.n_kv_heads = file_.has(key("attention.head_count_kv")) ? int(file_.get_u32(key("attention.head_count_kv")))
-                                                               : hp_.n_heads;
-    if (hp_.n_heads <= 0 || hp_.n_kv_heads <= 0 || hp_.n_heads % hp_.n_kv_heads != 0 ||
-        hp_.d_model % hp_.n_heads != 0)
-      throw std::runtime_error("model: head counts do not divide (" + std::to_string(hp_.n_heads) + " heads, " +
-                               std::to_string(hp_.n_kv_heads) + " kv heads, d_model " +
-                               std::to_string(hp_.d_model) + ")");
+    if (arch != "llama") fail("general.architecture is '" + arch + "', the runner only implements 'llama'");
+    constexpr int int_max = std::numeric_limits<int>::max();
+    // Each block has 9 tensors, so a block count beyond what the file holds is corrupt (checked before any
+    // allocation by it).
+    hp_.n_layers = get_int("block_count", 1, int(std::min<size_t>(file_.tensors().size() / 9, size_t(int_max))),
+                           " (each block has 9 tensors and the file holds " + std::to_string(file_.tensors().size()) +
+                               ")");
+    hp_.d_model = get_int("embedding_length", 1, int_max);
+    hp_.d_ff = get_int("feed_forward_length", 1, int_max);
+    hp_.n_heads = get_int("attention.head_count", 1, hp_.d_model, " (at most llama.embedding_length)");
+    hp_.n_kv_heads = file_.has(key("attention.head_count_kv"))
+                         ? get_int("attention.head_count_kv", 1, hp_.n_heads, " (at most llama.attention.head_count)")
+                         : hp_.n_heads;
+    if (hp_.n_heads % hp_.n_kv_heads != 0)
+      fail(key("attention.head_count") + " = " + std::to_string(hp_.n_heads) + " is not a multiple of " +
+           key("attention.head_count_kv") + " = " + std::to_string(hp_.n_kv_heads));
+    if (hp_.d_model % hp_.n_heads != 0)
+      fail(key("embedding_length") + " = " + std::to_string(hp_.d_model) + " is not " + key("attention.head_count") +
+           " = " + std::to_string(hp_.n_heads) + " times a head dimension");
     hp_.head_dim = hp_.d_model / hp_.n_heads;
-    if (file_.has(key("rope.dimension_count")) && int(file_.get_u32(key("rope.dimension_count"))) != hp_.head_dim)
-      throw std::runtime_error("model: partial RoPE (rope.dimension_count != head_dim) is not implemented");
+    if (hp_.head_dim % 2 != 0)
+      fail("head dimension " + std::to_string(hp_.head_dim) + " (" + key("embedding_length") + " / " +
+           key("attention.head_count") + ") is odd; RoPE rotates pairs");
+    for (const char* k : {"attention.key_length", "attention.value_length", "rope.dimension_count"})
+      if (file_.has(key(k)) && file_.get_u32(key(k)) != uint32_t(hp_.head_dim))
+        fail(key(k) + " = " + std::to_string(file_.get_u32(key(k))) + " differs from the head dimension " +
+             std::to_string(hp_.head_dim) + " (" + key("embedding_length") + " / " + key("attention.head_count") +
+             "); separate key/value/RoPE dimensions are not implemented");
     if (file_.has(key("rope.scaling.type")) && file_.get_string(key("rope.scaling.type")) != "none")
-      throw std::runtime_error("model: RoPE scaling '" + file_.get_string(key("rope.scaling.type")) +
-                               "' is not implemented");
-    hp_.n_ctx_train = file_.has(key("context_length")) ? int(file_.get_u32(key("context_length"))) : 0;
-    if (file_.has(key("rope.freq_base"))) hp_.rope_base = file_.get_f32(key("rope.freq_base"));
-    if (file_.has(key("attention.layer_norm_rms_epsilon")))
-      hp_.rms_eps = file_.get_f32(key("attention.layer_norm_rms_epsilon"));
+      fail("RoPE scaling '" + file_.get_string(key("rope.scaling.type")) + "' (" + key("rope.scaling.type") +
+           ") is not implemented");
+    hp_.n_ctx_train = file_.has(key("context_length")) ? get_int("context_length", 1, int_max) : 0;
+    hp_.rope_base = get_positive("rope.freq_base", hp_.rope_base);
+    hp_.rms_eps = get_positive("attention.layer_norm_rms_epsilon", hp_.rms_eps);
 
-    token_embd_ = get_matrix("token_embd.weight", hp_.d_model, -1);
+    const std::string embd = key("embedding_length"), ff = key("feed_forward_length");
+    token_embd_ = get_matrix("token_embd.weight", {hp_.d_model, embd}, {-1, "the vocabulary"});
+    if (token_embd_.n_out < 1 || token_embd_.n_out > int_max)
+      fail("token_embd.weight has " + std::to_string(token_embd_.n_out) + " rows (the vocabulary size)");
     hp_.n_vocab = int(token_embd_.n_out);
     if (file_.find_tensor("output.weight")) {
-      output_ = get_matrix("output.weight", hp_.d_model, hp_.n_vocab);
+      output_ = get_matrix("output.weight", {hp_.d_model, embd}, {hp_.n_vocab, "rows of token_embd.weight"});
     } else {
       output_ = token_embd_;
       tied_ = true;
     }
-    output_norm_ = get_vector("output_norm.weight", hp_.d_model);
+    output_norm_ = get_vector("output_norm.weight", {hp_.d_model, embd});
 
-    const int hd = hp_.head_dim, q_dim = hp_.n_heads * hd, kv_dim = hp_.n_kv_heads * hd;
+    const int hd = hp_.head_dim;
+    const extent d{hp_.d_model, embd}, q{int64_t(hp_.n_heads) * hd, key("attention.head_count") + " x head dim"},
+        kv{int64_t(hp_.n_kv_heads) * hd, key("attention.head_count_kv") + " x head dim"}, f{hp_.d_ff, ff};
     layers_.resize(size_t(hp_.n_layers));
     for (int l = 0; l < hp_.n_layers; ++l) {
       const std::string p = "blk." + std::to_string(l) + ".";
       layer_weights& lw = layers_[size_t(l)];
-      lw.attn_norm = get_vector(p + "attn_norm.weight", hp_.d_model);
-      lw.wq = get_matrix(p + "attn_q.weight", hp_.d_model, q_dim);
-      lw.wk = get_matrix(p + "attn_k.weight", hp_.d_model, kv_dim);
-      lw.wv = get_matrix(p + "attn_v.weight", hp_.d_model, kv_dim);
-      lw.wo = get_matrix(p + "attn_output.weight", q_dim, hp_.d_model);
-      lw.ffn_norm = get_vector(p + "ffn_norm.weight", hp_.d_model);
-      lw.w_gate = get_matrix(p + "ffn_gate.weight", hp_.d_model, hp_.d_ff);
-      lw.w_up = get_matrix(p + "ffn_up.weight", hp_.d_model, hp_.d_ff);
-      lw.w_down = get_matrix(p + "ffn_down.weight", hp_.d_ff, hp_.d_model);
+      lw.attn_norm = get_vector(p + "attn_norm.weight", d);
+      lw.wq = get_matrix(p + "attn_q.weight", d, q);
+      lw.wk = get_matrix(p + "attn_k.weight", d, kv);
+      lw.wv = get_matrix(p + "attn_v.weight", d, kv);
+      lw.wo = get_matrix(p + "attn_output.weight", q, d);
+      lw.ffn_norm = get_vector(p + "ffn_norm.weight", d);
+      lw.w_gate = get_matrix(p + "ffn_gate.weight", d, f);
+      lw.w_up = get_matrix(p + "ffn_up.weight", d, f);
+      lw.w_down = get_matrix(p + "ffn_down.weight", f, d);
     }
   }
 
-  // n_out < 0: any number of rows.
-  matrix get_matrix(const std::string& name, int64_t n_in, int64_t n_out) const {
+  // An expected tensor extent and where it comes from (a GGUF key), for the messages; value < 0: any.
+  struct extent {
+    int64_t value;
+    std::string source;
+    std::string str() const { return value < 0 ? "*" : std::to_string(value) + " (" + source + ")"; }
+  };
+
+  static std::string key(const char* k) { return std::string("llama.") + k; }
+  [[noreturn]] void fail(const std::string& what) const {
+    throw std::runtime_error("model '" + path_ + "': " + what);
+  }
+  // llama.<k>: an integer in [lo, hi] (`why` explains hi).
+  int get_int(const char* k, int lo, int hi, const std::string& why = "") const {
+    const uint32_t v = file_.get_u32(key(k));
+    if (int64_t(v) < lo || int64_t(v) > hi)
+      fail(key(k) + " = " + std::to_string(v) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]" +
+           why);
+    return int(v);
+  }
+  // llama.<k> if present (else `fallback`): a finite float > 0.
+  float get_positive(const char* k, float fallback) const {
+    if (!file_.has(key(k))) return fallback;
+    const float v = file_.get_f32(key(k));
+    if (!(std::isfinite(v) && v > 0.0f)) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%g", double(v));
+      fail(key(k) + " = " + buf + " must be finite and positive");
+    }
+    return v;
+  }
+
+  matrix get_matrix(const std::string& name, const extent& n_in, const extent& n_out) const {
     const gguf::tensor_info& t = file_.tensor(name);
     quant::require_supported(t.type, name);
-    if (t.ne.size() != 2 || int64_t(t.ne[0]) != n_in || (n_out >= 0 && int64_t(t.ne[1]) != n_out))
-      throw std::runtime_error("tensor '" + name + "' has shape " + shape_string(t) + ", expected [" +
-                               std::to_string(n_in) + ", " + (n_out >= 0 ? std::to_string(n_out) : "*") + "]");
-    if (gguf::block_size(t.type) > 1 && n_in % quant::qk != 0)
-      throw std::runtime_error("tensor '" + name + "': row length is not a multiple of the block size");
+    if (t.ne.size() != 2 || int64_t(t.ne[0]) != n_in.value || (n_out.value >= 0 && int64_t(t.ne[1]) != n_out.value))
+      fail("tensor '" + name + "' has shape " + shape_string(t) + ", expected [" + n_in.str() + ", " + n_out.str() +
+           "]");
+    if (gguf::block_size(t.type) > 1 && n_in.value % quant::qk != 0)
+      fail("tensor '" + name + "': row length is not a multiple of the block size");
     matrix m;
     m.name = name;
     m.type = t.type;
@@ -137,11 +187,11 @@ class model {
     return m;
   }
 
-  const float* get_vector(const std::string& name, int64_t n) const {
+  const float* get_vector(const std::string& name, const extent& n) const {
     const gguf::tensor_info& t = file_.tensor(name);
-    if (t.type != gguf::ggml_type::f32 || t.ne.size() != 1 || int64_t(t.ne[0]) != n)
-      throw std::runtime_error("tensor '" + name + "' must be f32 of shape [" + std::to_string(n) + "], it is " +
-                               gguf::type_name(t.type) + " " + shape_string(t));
+    if (t.type != gguf::ggml_type::f32 || t.ne.size() != 1 || int64_t(t.ne[0]) != n.value)
+      fail("tensor '" + name + "' must be f32 of shape [" + n.str() + "], it is " + gguf::type_name(t.type) + " " +
+           shape_string(t));
     // GGUF aligns tensor data (32 bytes by default), so the pointer is suitably aligned for float.
     return reinterpret_cast<const float*>(t.data);
   }

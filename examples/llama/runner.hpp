@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
+#include <span>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -44,11 +46,18 @@ struct runner_options {
   compress_request compress;            // the configuration of run_session
   std::vector<std::string> whitelist;   //   (and its whitelist phrases)
   std::vector<compress_config> configs; // run_sweep's configurations
-  int max_new_tokens = 128;
-  int max_batch = 64;                   // sequences decoded together at most
+  int max_new_tokens = 128;             // [0, max_token_count]
+  int max_batch = 64;                   // sequences decoded together at most, [1, max_batch_cap]
   forward_options forward;
-  bool quiet = false;                   // no progress lines
+  bool quiet = false;                   // no progress lines (warnings are still printed)
+  // A context (system turn + longest user turn + max_new_tokens) beyond the model's training context
+  // (llama.context_length) is refused unless this is set; then it runs with a warning.
+  bool allow_long_context = false;
 };
+
+// Caps of the runner's counts (the CLI refuses values beyond them; docs/llama-runner.md, "Limits").
+inline constexpr int max_token_count = 1 << 20;  // --max-new-tokens, --window
+inline constexpr int max_batch_cap = 1024;       // --max-batch
 
 struct segment_info {
   std::string name;
@@ -82,6 +91,7 @@ struct run_report {
   double load_ms = 0, prefill_ms = 0, compress_ms = 0, decode_ms = 0;
   int prefill_tokens = 0, decode_tokens = 0;  // decode_tokens: tokens fed one at a time (decode_ms covers them)
   int threads = 0;
+  std::vector<std::string> warnings;  // also printed on stderr as they arise
   std::string error;  // run_sweep only: why this configuration could not run (then no turns)
 };
 
@@ -95,10 +105,12 @@ struct text_segment {
 struct parsed_system {
   std::string text;  // markers removed
   std::vector<text_segment> segments;
+  bool marked = false;  // segments come from [[seg:NAME]] markers (else from lines)
 };
 
 // Explicit markers `[[seg:NAME]]` start a named segment that runs to the next marker (or the end); text before
-// the first marker belongs to no segment. Without markers every non-empty line is a segment ("line1", ...).
+// the first marker belongs to no segment. Names are non-empty and distinct. Without markers every non-empty line
+// is a segment ("line1", ...).
 inline parsed_system parse_system_segments(std::string_view system) {
   static constexpr std::string_view open = "[[seg:", close = "]]";
   parsed_system out;
@@ -115,11 +127,16 @@ inline parsed_system parse_system_segments(std::string_view system) {
     out.text.append(system.substr(i, m - i));
     if (!out.segments.empty()) out.segments.back().end = out.text.size();
     any_marker = true;
-    out.segments.push_back({std::string(system.substr(m + open.size(), c - m - open.size())), out.text.size(), 0});
+    std::string name(system.substr(m + open.size(), c - m - open.size()));
+    if (name.empty()) throw std::runtime_error("system prompt: a [[seg:]] marker without a name");
+    for (const text_segment& prev : out.segments)
+      if (prev.name == name) throw std::runtime_error("system prompt: two segments are named '" + name + "'");
+    out.segments.push_back({std::move(name), out.text.size(), 0});
     i = c + close.size();
   }
   if (any_marker) {
     out.segments.back().end = out.text.size();
+    out.marked = true;
     return out;
   }
   size_t line_start = 0;
@@ -131,6 +148,44 @@ inline parsed_system parse_system_segments(std::string_view system) {
     if (line.find_first_not_of(" \t\r") != std::string_view::npos)
       out.segments.push_back({"line" + std::to_string(++n), line_start, nl});
     line_start = nl + 1;
+  }
+  return out;
+}
+
+// Token ranges of the segments: `offsets` are the byte ranges of the system turn's tokens in `turn_text`, where
+// the system text starts at byte `content_begin`. A token that straddles a boundary goes to the earlier segment,
+// and a segment left without a token of its own is dropped; either is reported in `warnings` with the segment's
+// marker and the token, never silently.
+inline std::vector<segment_info> map_segments(const parsed_system& ps, std::string_view turn_text,
+                                              std::span<const byte_range> offsets, size_t content_begin,
+                                              std::vector<std::string>& warnings) {
+  std::vector<segment_info> out;
+  int prev_end = 0;
+  for (const text_segment& s : ps.segments) {
+    const size_t begin = content_begin + s.begin;
+    auto [first, last] = tokens_overlapping(offsets, begin, content_begin + s.end);
+    const int b = std::max(int(first), prev_end), e = int(last);
+    const std::string label = ps.marked ? "[[seg:" + s.name + "]]" : "segment '" + s.name + "'";
+    std::string note;
+    if (first < offsets.size() && offsets[first].begin < begin && begin < offsets[first].end) {
+      const byte_range t = offsets[first];
+      note = label + " starts inside token " + std::to_string(first) + " " +
+             json::quote(turn_text.substr(t.begin, t.end - t.begin)) + ", which " +
+             (int(first) < prev_end ? "stays with segment '" + out.back().name + "'" : "is counted in '" + s.name + "'");
+      note += e <= b ? "; '" + s.name + "' has no other token and is dropped"
+                     : "; '" + s.name + "' starts at token " + std::to_string(b);
+    } else if (e <= b) {
+      note = label + " is empty (no token) and is dropped";
+    }
+    if (!note.empty()) warnings.push_back(note);
+    if (e <= b) continue;
+    segment_info si;
+    si.name = s.name;
+    si.begin = b;
+    si.end = e;
+    si.text = ps.text.substr(s.begin, s.end - s.begin);
+    out.push_back(si);
+    prev_end = e;
   }
   return out;
 }
@@ -162,32 +217,68 @@ inline double ms_since(std::chrono::steady_clock::time_point t0) {
 
 namespace detail {
 
-inline void check_config(const compress_request& c) {
+inline void warn(std::vector<std::string>& sink, std::string message) {
+  std::fprintf(stderr, "warning: %s\n", message.c_str());
+  sink.push_back(std::move(message));
+}
+
+inline void check_range(const char* what, int v, int lo, int hi) {
+  if (v < lo || v > hi)
+    throw std::runtime_error(std::string(what) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                             "], got " + std::to_string(v));
+}
+
+inline void check_config(const compress_config& cfg) {
+  const compress_request& c = cfg.compress;
   if (!is_known_policy(c.policy)) throw std::runtime_error("unknown policy '" + c.policy + "'");
+  if (!is_known_selector(c.selector)) throw std::runtime_error("unknown selector '" + c.selector + "'");
+  if (!is_known_fair_mode(c.fair_mode)) throw std::runtime_error("unknown fair mode '" + c.fair_mode + "'");
   if (!(c.ratio >= 0.0 && c.ratio < 1.0))
-    throw std::runtime_error("--ratio must be in [0, 1), got " + std::to_string(c.ratio));
-  if (c.fair_mode != "proportional" && c.fair_mode != "paper")
-    throw std::runtime_error("--fair-mode: unknown '" + c.fair_mode + "' (proportional, paper)");
+    throw std::runtime_error("--ratio must be in [0, 1), got " + json::number(c.ratio));
   // Options of fair eviction are refused without it rather than silently ignored.
   if (!c.fair && (c.fair_mode != "proportional" || c.sinks >= 0 || c.boundary > 0))
     throw std::runtime_error("--fair-mode, --sinks and --boundary apply to fair eviction: add --fair");
+  check_range("--window", c.window, 1, max_token_count);
+  if (c.sinks != -1) check_range("--sinks", c.sinks, 0, max_sinks);  // -1: the mode's default
+  check_range("--boundary", c.boundary, 0, max_boundary);
+  for (const std::string& phrase : cfg.whitelist)
+    if (phrase.empty()) throw std::runtime_error("--whitelist: empty phrase");
+}
+
+// Tokens per sequence: the system turn, the longest user turn, the answer and the last token fed; computed in
+// 64 bits and compared with the training context (n_ctx_train, 0: unknown) before any cache is made. Beyond it:
+// refused, or a warning when allowed.
+inline int context_capacity(int n_sys, int max_user, int max_new_tokens, int n_ctx_train, bool allow_long,
+                            std::vector<std::string>& warnings) {
+  const int64_t capacity = int64_t(n_sys) + max_user + max_new_tokens + 1;
+  const std::string need = std::to_string(capacity) + " tokens (system turn " + std::to_string(n_sys) +
+                           " + longest user turn " + std::to_string(max_user) + " + --max-new-tokens " +
+                           std::to_string(max_new_tokens) + " + 1)";
+  if (n_ctx_train > 0 && capacity > n_ctx_train) {
+    const std::string msg = "the context needs " + need + ", more than the model's training context of " +
+                            std::to_string(n_ctx_train) + " (llama.context_length)";
+    if (!allow_long)
+      throw std::runtime_error(msg + "; lower --max-new-tokens or shorten the prompt, or pass --allow-long-context");
+    warn(warnings, msg + " (allowed by --allow-long-context)");
+  }
+  if (capacity > std::numeric_limits<int>::max())
+    throw std::runtime_error("the context needs " + need + ", more than this runner can index");
+  return int(capacity);
 }
 
 // Token indices of every occurrence of each phrase, sorted and unique.
 inline std::vector<int32_t> whitelist_tokens(const std::vector<std::string>& phrases, const parsed_system& ps,
-                                             const chat::encoded_turn& sys, bool quiet) {
+                                             const chat::encoded_turn& sys, std::vector<std::string>& warnings) {
   std::vector<int32_t> out;
   const size_t off = sys.content.begin;
   for (const std::string& phrase : phrases) {
-    if (phrase.empty()) continue;
     int found = 0;
     for (size_t p = ps.text.find(phrase); p != std::string::npos; p = ps.text.find(phrase, p + 1)) {
       auto [first, last] = tokens_overlapping(sys.tokens.offsets, off + p, off + p + phrase.size());
       for (size_t t = first; t < last; ++t) out.push_back(int32_t(t));
       ++found;
     }
-    if (found == 0 && !quiet)
-      std::fprintf(stderr, "warning: whitelist phrase \"%s\" does not occur in the system prompt\n", phrase.c_str());
+    if (found == 0) warn(warnings, "whitelist phrase " + json::quote(phrase) + " does not occur in the system prompt");
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -233,9 +324,10 @@ inline std::vector<run_report> run_configs(runner_options opt, std::vector<compr
   using clock = std::chrono::steady_clock;
   if (opt.users.empty()) throw std::runtime_error("no user turn (--user)");
   if (configs.empty()) throw std::runtime_error("no compression configuration");
-  for (const compress_config& c : configs) check_config(c.compress);
-  if (opt.max_new_tokens < 0) throw std::runtime_error("--max-new-tokens must be non-negative");
-  if (opt.max_batch < 1) throw std::runtime_error("--max-batch must be at least 1");
+  for (const compress_config& c : configs) check_config(c);
+  check_range("--max-new-tokens", opt.max_new_tokens, 0, max_token_count);
+  check_range("--max-batch", opt.max_batch, 1, max_batch_cap);
+  const parsed_system ps = parse_system_segments(opt.system);  // marker errors before the model is loaded
   const progress prog(opt.quiet);
 
   auto t0 = clock::now();
@@ -250,32 +342,12 @@ inline std::vector<run_report> run_configs(runner_options opt, std::vector<compr
   const hparams& hp = m.hp();
 
   // Tokenize the system turn and map segments / whitelist phrases from bytes to tokens.
-  const parsed_system ps = parse_system_segments(opt.system);
   const chat::encoded_turn sys = chat::encode_system_turn(tok, ps.text);
   const int n_sys = int(sys.tokens.ids.size());
-  std::vector<segment_info> segments;
-  const size_t off = sys.content.begin;
-  int prev_end = 0;
-  for (const text_segment& s : ps.segments) {
-    auto [first, last] = tokens_overlapping(sys.tokens.offsets, off + s.begin, off + s.end);
-    const int b = std::max(int(first), prev_end), e = int(last);  // a straddling token goes to the earlier one
-    if (e <= b) continue;
-    segment_info si;
-    si.name = s.name;
-    si.begin = b;
-    si.end = e;
-    si.text = ps.text.substr(s.begin, s.end - s.begin);
-    segments.push_back(si);
-    prev_end = e;
-  }
-  bool any_queries = false;
-  for (compress_config& c : configs) {
-    c.compress.segments.clear();
-    if (c.compress.fair)
-      for (const segment_info& s : segments) c.compress.segments.push_back({s.begin, s.end});
-    c.compress.whitelist = whitelist_tokens(c.whitelist, ps, sys, opt.quiet);
-    any_queries = any_queries || policy_needs_queries(c.compress.policy);
-  }
+  std::vector<std::string> shared_warnings;  // about the prompt and the context: every report gets them
+  const std::vector<segment_info> segments =
+      map_segments(ps, sys.text, sys.tokens.offsets, sys.content.begin, shared_warnings);
+  for (const std::string& w : shared_warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
 
   std::vector<chat::encoded_turn> user_turns;
   int max_user = 0;
@@ -283,12 +355,23 @@ inline std::vector<run_report> run_configs(runner_options opt, std::vector<compr
     user_turns.push_back(chat::encode_user_turn(tok, u));
     max_user = std::max(max_user, int(user_turns.back().tokens.ids.size()));
   }
-  const int capacity = n_sys + max_user + opt.max_new_tokens + 1;
-  if (hp.n_ctx_train > 0 && capacity > hp.n_ctx_train && !opt.quiet)
-    std::fprintf(stderr, "warning: %d tokens exceed the model's training context of %d\n", capacity, hp.n_ctx_train);
+  const int capacity = context_capacity(n_sys, max_user, opt.max_new_tokens, hp.n_ctx_train,
+                                        opt.allow_long_context, shared_warnings);
+
+  std::vector<run_report> reps(configs.size());
+  bool any_queries = false;
+  for (size_t c = 0; c < configs.size(); ++c) {
+    compress_request& cr = configs[c].compress;
+    reps[c].warnings = shared_warnings;
+    cr.segments.clear();
+    if (cr.fair)
+      for (const segment_info& s : segments) cr.segments.push_back({s.begin, s.end});
+    if (cr.fair && segments.empty()) warn(reps[c].warnings, "--fair: the system prompt has no segment");
+    cr.whitelist = whitelist_tokens(configs[c].whitelist, ps, sys, reps[c].warnings);
+    any_queries = any_queries || policy_needs_queries(cr.policy);
+  }
 
   engine eng(m, /*capacity of its own sequence, unused here=*/0, opt.forward);
-  std::vector<run_report> reps(configs.size());
 
   // System turn: prefilled once (capturing the post-RoPE queries if any scorer needs them).
   sequence base = eng.make_sequence(capacity);
@@ -466,9 +549,7 @@ inline std::string to_json(const run_report& r) {
   s += "  \"sinks\": " + std::to_string(r.sinks) + ",\n";
   s += "  \"boundary\": " + std::to_string(o.compress.boundary) + ",\n";
   s += "  \"selector\": " + quote(o.compress.selector) + ",\n";
-  s += "  \"whitelist\": [";
-  for (size_t i = 0; i < o.whitelist.size(); ++i) s += (i ? ", " : "") + quote(o.whitelist[i]);
-  s += "],\n";
+  s += "  \"whitelist\": " + json::quote_list(o.whitelist) + ",\n";
   s += "  \"whitelist_tokens\": " + std::to_string(o.compress.whitelist.size()) + ",\n";
   s += "  \"system_tokens\": " + std::to_string(r.system_tokens) + ",\n";
   s += "  \"n_layers\": " + std::to_string(r.n_layers) + ",\n";
@@ -502,7 +583,8 @@ inline std::string to_json(const run_report& r) {
        ", \"compress\": " + number(r.compress_ms) + ", \"decode\": " + number(r.decode_ms) + "},\n";
   s += "  \"prefill_tokens\": " + std::to_string(r.prefill_tokens) + ",\n";
   s += "  \"decode_tokens\": " + std::to_string(r.decode_tokens) + ",\n";
-  s += "  \"threads\": " + std::to_string(r.threads);
+  s += "  \"threads\": " + std::to_string(r.threads) + ",\n";
+  s += "  \"warnings\": " + json::quote_list(r.warnings);
   if (!r.error.empty()) s += ",\n  \"error\": " + quote(r.error);
   s += "\n}\n";
   return s;

@@ -2,7 +2,9 @@
 """End-to-end check of the fairkv-llama CLI through its --json report (what the pitfalls harness parses):
 the RUNNER_SPEC fields exist, ratio 0 gives the uncompressed answer, and with --fair every segment keeps its
 share within one token (mean over layers and heads, and in every layer); a --config sweep reports, per
-configuration, exactly what a run of it alone reports, and an infeasible configuration only its error.
+configuration, exactly what a run of it alone reports, and an infeasible configuration only its error; a sweep
+in which no configuration can run exits non-zero; a segment marker inside a token is a warning naming the marker
+and the token; a context beyond the model's training context is refused unless --allow-long-context.
 
 usage: check_cli_json.py <fairkv-llama binary> <source dir>
 Exit 77 (ctest SKIP) when the model is not installed, unless FAIRKV_REQUIRE_MODEL=1.
@@ -29,6 +31,51 @@ def run(binary, *args, users=(USER,)):
                         "--quiet", "--json", out, *args], check=True, stdout=subprocess.DEVNULL)
         with open(out, encoding="utf-8") as f:
             return json.load(f)
+
+
+def run_raw(binary, *args):
+    """(exit status, stderr, the --json document or None) of one run that may fail."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "out.json")
+        p = subprocess.run([binary, "--user", USER, "--threads", "2", "--quiet", "--json", out, *args],
+                           capture_output=True, text=True)
+        doc = None
+        if os.path.exists(out):
+            with open(out, encoding="utf-8") as f:
+                doc = json.load(f)
+        return p.returncode, p.stderr, doc
+
+
+def check_bad_input(binary, model):
+    # Every configuration infeasible (its whitelist exceeds the keep budget): the report is written, exit 1.
+    bad = ["--policy", "h2o", "--ratio", "0.95", "--whitelist", SYSTEM[15:120]]
+    rc, err, doc = run_raw(binary, "--model", model, "--system", SYSTEM, "--max-new-tokens", "2",
+                           "--config", *bad, "--config", *bad)
+    assert rc != 0 and "none of the 2 configurations could run" in err, (rc, err)
+    assert isinstance(doc, list) and len(doc) == 2 and all("whitelist" in c["error"] for c in doc), doc
+    # One of two infeasible: exit 0, a warning, the other one answered.
+    rc, err, doc = run_raw(binary, "--model", model, "--system", SYSTEM, "--max-new-tokens", "2",
+                           "--config", *bad, "--config", "--policy", "knorm", "--ratio", "0.5")
+    assert rc == 0 and "1 of 2 configurations could not run" in err, (rc, err)
+    assert "error" in doc[0] and doc[1]["turns"], doc
+    print("sweep: none feasible -> exit", 1, "; one of two feasible -> exit 0 with a warning")
+
+    # [[seg:b]] falls inside the token " understanding" (and b has no token of its own): a warning naming both.
+    rc, err, doc = run_raw(binary, "--model", model, "--max-new-tokens", "0",
+                           "--system", "[[seg:a]]Please be under[[seg:b]]standing[[seg:c]] and kind.")
+    assert rc == 0, (rc, err)
+    assert [s["name"] for s in doc["segments"]] == ["a", "c"], doc["segments"]
+    warning = "[[seg:b]] starts inside token 5 \" understanding\", which stays with segment 'a'; 'b' has no other " \
+              "token and is dropped"
+    assert doc["warnings"] == [warning], doc["warnings"]
+    assert "warning: " + warning in err, err  # printed even with --quiet
+    print("marker inside a token:", warning)
+
+    # The context (system + user turn + --max-new-tokens + 1) beyond llama.context_length (8192): refused before
+    # any prefill, or run with a warning when allowed.
+    rc, err, doc = run_raw(binary, "--model", model, "--system", SYSTEM, "--max-new-tokens", "8192")
+    assert rc != 0 and "llama.context_length" in err and "--allow-long-context" in err and doc is None, (rc, err)
+    print("long context refused:", err.strip().splitlines()[-1][:120])
 
 
 def main():
@@ -82,6 +129,7 @@ def main():
             assert sweep[i][k] == alone[k], (i, k, sweep[i][k], alone[k])
         assert [t["answer"] for t in sweep[i]["turns"]] == [t["answer"] for t in alone["turns"]], (i, sweep[i])
     print("sweep: 2 configurations equal to their runs alone, the infeasible one reported:", sweep[1]["error"][:80])
+    check_bad_input(binary, model)
     print("OK: fairkv-llama --json report checked")
     return 0
 

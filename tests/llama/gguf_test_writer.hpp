@@ -1,15 +1,21 @@
-// Test helpers shared by the llama tests: a minimal GGUF writer, the default model's location and the visible skip.
+// Test helpers shared by the llama tests: a minimal GGUF writer (and a tiny Llama model written with it), the
+// default model's location and the visible skip.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include <doctest/doctest.h>
+
+#include "gguf.hpp"
 
 namespace llama::test {
 
@@ -92,5 +98,85 @@ class writer {
     while (bytes.size() % alignment) bytes.push_back(std::byte{0});
   }
 };
+
+// A tensor for write_gguf. offset: where its data lies; unset, after the previous tensor's (its bytes are then
+// written), set, that offset (its bytes are not written: a test aliasing another tensor's data).
+struct tensor_data {
+  std::string name;
+  std::vector<uint64_t> ne;
+  gguf::ggml_type type = gguf::ggml_type::f32;
+  std::vector<std::byte> bytes;
+  std::optional<uint64_t> offset;
+};
+
+// A metadata entry for write_gguf: a u32, f32 or string value.
+struct meta {
+  std::string key;
+  std::variant<uint32_t, float, std::string> value;
+};
+
+// The hyper-parameters of a Llama model as the runner reads them.
+inline std::vector<meta> llama_metadata(int layers, int d, int ff, int heads, int kv) {
+  return {{"general.architecture", std::string("llama")},
+          {"llama.block_count", uint32_t(layers)},
+          {"llama.embedding_length", uint32_t(d)},
+          {"llama.feed_forward_length", uint32_t(ff)},
+          {"llama.attention.head_count", uint32_t(heads)},
+          {"llama.attention.head_count_kv", uint32_t(kv)},
+          {"llama.rope.freq_base", 10000.0f},
+          {"llama.attention.layer_norm_rms_epsilon", 1e-5f}};
+}
+
+// A GGUF v3 file with `metadata` and `tensors`, each tensor's data 32-byte aligned, in order.
+inline std::vector<std::byte> write_gguf(const std::vector<meta>& metadata, const std::vector<tensor_data>& tensors) {
+  writer w;
+  w.header(3, tensors.size(), metadata.size());
+  for (const meta& m : metadata) {
+    if (const auto* u = std::get_if<uint32_t>(&m.value)) w.kv_u32(m.key, *u);
+    if (const auto* f = std::get_if<float>(&m.value)) w.kv_f32(m.key, *f);
+    if (const auto* t = std::get_if<std::string>(&m.value)) w.kv_str(m.key, *t);
+  }
+  uint64_t off = 0;
+  for (const tensor_data& t : tensors) {
+    w.tensor(t.name, t.ne, uint32_t(t.type), t.offset.value_or(off));
+    if (!t.offset) off += (t.bytes.size() + 31) / 32 * 32;
+  }
+  w.pad(32);
+  for (const tensor_data& t : tensors) {
+    if (t.offset) continue;
+    w.bytes.insert(w.bytes.end(), t.bytes.begin(), t.bytes.end());
+    w.pad(32);
+  }
+  return w.bytes;
+}
+
+// The f32 tensors of a Llama model (filled with `value`), in the order the runner loads them.
+inline std::vector<tensor_data> llama_tensors(int layers, int d, int ff, int heads, int kv, int vocab,
+                                              float value = 0.01f) {
+  std::vector<tensor_data> out;
+  auto add = [&](std::string name, std::vector<uint64_t> ne) {
+    uint64_t n = 1;
+    for (uint64_t x : ne) n *= x;
+    tensor_data t{std::move(name), std::move(ne), gguf::ggml_type::f32, std::vector<std::byte>(n * 4), {}};
+    for (uint64_t i = 0; i < n; ++i) std::memcpy(t.bytes.data() + i * 4, &value, 4);
+    out.push_back(std::move(t));
+  };
+  const uint64_t hd = uint64_t(d / heads);
+  add("token_embd.weight", {uint64_t(d), uint64_t(vocab)});
+  add("output_norm.weight", {uint64_t(d)});
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    add(p + "attn_norm.weight", {uint64_t(d)});
+    add(p + "attn_q.weight", {uint64_t(d), uint64_t(d)});
+    add(p + "attn_k.weight", {uint64_t(d), hd * uint64_t(kv)});
+    add(p + "attn_v.weight", {uint64_t(d), hd * uint64_t(kv)});
+    add(p + "attn_output.weight", {uint64_t(d), uint64_t(d)});
+    add(p + "ffn_norm.weight", {uint64_t(d)});
+    add(p + "ffn_gate.weight", {uint64_t(d), uint64_t(ff)});
+    add(p + "ffn_up.weight", {uint64_t(d), uint64_t(ff)});
+    add(p + "ffn_down.weight", {uint64_t(ff), uint64_t(d)});
+  }
+  return out;
+}
 
 }  // namespace llama::test

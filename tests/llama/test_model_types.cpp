@@ -17,6 +17,7 @@
 namespace {
 
 using llama::gguf::ggml_type;
+using llama::test::tensor_data;
 namespace q = llama::quant;
 
 uint16_t to_f16(float f) {  // round-to-nearest for normal numbers (enough for the small values used here)
@@ -35,13 +36,6 @@ uint16_t to_f16(float f) {  // round-to-nearest for normal numbers (enough for t
   }
   return uint16_t(sign | (e << 10) | mant);
 }
-
-struct tensor_data {
-  std::string name;
-  std::vector<uint64_t> ne;
-  ggml_type type;
-  std::vector<std::byte> bytes;
-};
 
 // A random matrix [n_in, n_out] in type t, and its dequantised F32 twin.
 std::pair<tensor_data, tensor_data> random_matrix(const std::string& name, int64_t n_in, int64_t n_out, ggml_type t,
@@ -109,27 +103,7 @@ tensor_data norm_vector(const std::string& name, int64_t n, std::mt19937& rng) {
 }
 
 std::vector<std::byte> write_gguf(const std::vector<tensor_data>& ts, int layers, int d, int ff, int heads, int kv) {
-  llama::test::writer w;
-  w.header(3, ts.size(), 8);
-  w.kv_str("general.architecture", "llama");
-  w.kv_u32("llama.block_count", uint32_t(layers));
-  w.kv_u32("llama.embedding_length", uint32_t(d));
-  w.kv_u32("llama.feed_forward_length", uint32_t(ff));
-  w.kv_u32("llama.attention.head_count", uint32_t(heads));
-  w.kv_u32("llama.attention.head_count_kv", uint32_t(kv));
-  w.kv_f32("llama.rope.freq_base", 10000.0f);
-  w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  uint64_t off = 0;
-  for (const auto& t : ts) {
-    w.tensor(t.name, t.ne, uint32_t(t.type), off);
-    off += (t.bytes.size() + 31) / 32 * 32;
-  }
-  w.pad(32);
-  for (const auto& t : ts) {
-    w.bytes.insert(w.bytes.end(), t.bytes.begin(), t.bytes.end());
-    w.pad(32);
-  }
-  return w.bytes;
+  return llama::test::write_gguf(llama::test::llama_metadata(layers, d, ff, heads, kv), ts);
 }
 
 }  // namespace
@@ -210,20 +184,12 @@ TEST_CASE("model types: F32/F16/BF16/Q4_0/Q4_1/Q8_0 matrices give the logits of 
   }
 }
 
-TEST_CASE("model types: unsupported types and wrong shapes are refused with a message") {
-  std::mt19937 rng(1);
-  auto [qt, ft] = random_matrix("token_embd.weight", 64, 80, ggml_type::f32, rng);
-  std::vector<tensor_data> ts = {qt, norm_vector("output_norm.weight", 64, rng)};
-  // No layers' tensors although block_count = 1: a clear error naming the missing tensor.
-  const auto bytes = write_gguf(ts, 1, 64, 128, 4, 2);
-  CHECK_THROWS_WITH(llama::model::from_file(llama::gguf::file::from_memory(bytes), "broken"),
-                    doctest::Contains("blk.0.attn_norm.weight"));
-  // A K-quant matrix is refused by name and type.
-  tensor_data k = qt;
-  k.type = ggml_type::q6_k;
-  k.ne = {256, 80};
-  k.bytes.assign(size_t(80) * 210, std::byte{0});
-  const auto kbytes = write_gguf({k, ts[1]}, 0, 64, 128, 4, 2);
+TEST_CASE("model types: an unsupported type is refused with a message naming the tensor and the type") {
+  // A K-quant token embedding (d_model 256: one q6_k block per row).
+  std::vector<tensor_data> ts = llama::test::llama_tensors(1, 256, 256, 4, 2, 80);
+  ts[0].type = ggml_type::q6_k;
+  ts[0].bytes.assign(size_t(80) * 210, std::byte{0});
+  const auto kbytes = write_gguf(ts, 1, 256, 256, 4, 2);
   CHECK_THROWS_WITH(llama::model::from_file(llama::gguf::file::from_memory(kbytes), "kq"),
                     doctest::Contains("q6_k"));
 }

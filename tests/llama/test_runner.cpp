@@ -1,9 +1,11 @@
-// The runner end to end: segment parsing, ratio 0 = no compression, fair eviction keeps each segment's share
-// within one token, user turns are independent, the --json report has the harness's fields.
+// The runner end to end: segment parsing (and boundaries inside tokens), ratio 0 = no compression, fair eviction
+// keeps each segment's share within one token, user turns are independent, the --json report has the harness's
+// fields; invalid options are refused before the model is loaded, a context beyond the model's is refused.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -200,4 +202,104 @@ TEST_CASE("runner: a sweep answers every configuration exactly as a run of it al
     bad.configs.clear();
     CHECK_THROWS_WITH(llama::run_sweep(bad), doctest::Contains("no compression configuration"));
   }
+}
+
+TEST_CASE("runner: segment names are non-empty and distinct") {
+  CHECK_THROWS_WITH(llama::parse_system_segments("[[seg:a]]x[[seg:a]]y"), doctest::Contains("two segments are named 'a'"));
+  CHECK_THROWS_WITH(llama::parse_system_segments("x[[seg:]]y"), doctest::Contains("without a name"));
+}
+
+TEST_CASE("runner: a segment boundary inside a token is a warning naming the marker and the token") {
+  // The turn "<s>foobar baz qux" tokenized as "<s>" "foobar" " baz" " qux"; the system text starts at byte 3.
+  const std::string turn = "<s>foobar baz qux";
+  const std::vector<llama::byte_range> offsets = {{0, 3}, {3, 9}, {9, 13}, {13, 17}};
+  std::vector<std::string> warnings;
+  SUBCASE("a marker inside a token, its segment left without a token of its own, an empty segment") {
+    const auto ps = llama::parse_system_segments("[[seg:a]]foo[[seg:b]]bar[[seg:c]] baz qux[[seg:d]]");
+    const auto segs = llama::map_segments(ps, turn, offsets, 3, warnings);
+    REQUIRE(segs.size() == 2);
+    CHECK(segs[0].name == "a");
+    CHECK(segs[0].begin == 1);
+    CHECK(segs[0].end == 2);
+    CHECK(segs[1].name == "c");
+    REQUIRE(warnings.size() == 2);
+    CHECK(warnings[0] ==
+          "[[seg:b]] starts inside token 1 \"foobar\", which stays with segment 'a'; 'b' has no other token and is "
+          "dropped");
+    CHECK(warnings[1] == "[[seg:d]] is empty (no token) and is dropped");
+  }
+  SUBCASE("a marker inside a token, its segment keeps the next tokens") {
+    const auto ps = llama::parse_system_segments("[[seg:a]]foo[[seg:b]]bar baz qux");
+    const auto segs = llama::map_segments(ps, turn, offsets, 3, warnings);
+    REQUIRE(segs.size() == 2);
+    CHECK(segs[1].begin == 2);
+    CHECK(segs[1].end == 4);
+    REQUIRE(warnings.size() == 1);
+    CHECK(warnings[0] == "[[seg:b]] starts inside token 1 \"foobar\", which stays with segment 'a'; 'b' starts at token 2");
+  }
+  SUBCASE("boundaries between tokens: no warning") {
+    const auto ps = llama::parse_system_segments("[[seg:a]]foobar[[seg:b]] baz qux");
+    CHECK(llama::map_segments(ps, turn, offsets, 3, warnings).size() == 2);
+    CHECK(warnings.empty());
+  }
+}
+
+TEST_CASE("runner: invalid options are refused before the model is loaded, naming the option") {
+  llama::runner_options o = base_options("/nonexistent/model.gguf");
+  auto refused = [&](const llama::runner_options& bad, const char* what) {
+    CHECK_THROWS_WITH(llama::run_session(bad), doctest::Contains(what));
+  };
+  llama::runner_options b = o;
+  b.compress.ratio = 1.0000001;
+  refused(b, "--ratio must be in [0, 1), got 1.0000001");
+  b = o, b.compress.window = 0;
+  refused(b, "--window");
+  b = o, b.compress.sinks = 1025;
+  refused(b, "--sinks");
+  b = o, b.compress.boundary = -1;
+  refused(b, "--boundary");
+  b = o, b.compress.fair_mode = "fair";
+  refused(b, "unknown fair mode 'fair'");
+  b = o, b.compress.selector = "perhead";
+  refused(b, "unknown selector 'perhead'");
+  b = o, b.whitelist = {"SAVE20", ""};
+  refused(b, "--whitelist: empty phrase");
+  b = o, b.max_new_tokens = std::numeric_limits<int>::max();
+  refused(b, "--max-new-tokens");
+  b = o, b.max_batch = 0;
+  refused(b, "--max-batch");
+  b = o, b.system = "[[seg:a]]x[[seg:a]]";
+  refused(b, "two segments are named 'a'");
+  // And the model error when they are valid: nothing above was reached through the model.
+  CHECK_THROWS_WITH(llama::run_session(o), doctest::Contains("/nonexistent/model.gguf"));
+}
+
+TEST_CASE("runner: JSON numbers read back exactly") {
+  CHECK(llama::json::number(0.9999999) == "0.9999999");
+  CHECK(llama::json::number(0.8) == "0.8");
+  CHECK(llama::json::number(1.0 / 3.0) == "0.3333333333333333");
+  CHECK(llama::json::number(std::nan("")) == "null");
+}
+
+TEST_CASE("runner: a context beyond the model's training context is refused unless allowed") {
+  std::vector<std::string> warnings;
+  // system 60 + user 20 + answer 8111 + the last token fed = 8192: fits.
+  CHECK(llama::detail::context_capacity(60, 20, 8111, 8192, false, warnings) == 8192);
+  CHECK_THROWS_WITH(llama::detail::context_capacity(60, 20, 8112, 8192, false, warnings),
+                    doctest::Contains("the context needs 8193 tokens (system turn 60 + longest user turn 20 + "
+                                      "--max-new-tokens 8112 + 1), more than the model's training context of 8192 "
+                                      "(llama.context_length)"));
+  CHECK(warnings.empty());
+  CHECK(llama::detail::context_capacity(60, 20, 8112, 8192, true, warnings) == 8193);
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find("allowed by --allow-long-context") != std::string::npos);
+  CHECK(llama::detail::context_capacity(60, 20, 1 << 20, 0, false, warnings) == 60 + 20 + (1 << 20) + 1);  // unknown
+  CHECK_THROWS_WITH(llama::detail::context_capacity(std::numeric_limits<int>::max(), 20, 8, 0, true, warnings),
+                    doctest::Contains("more than this runner can index"));
+
+  const std::string path = llama::test::default_model_path();
+  if (llama::test::skip_without_model(path, "runner long-context test")) return;
+  llama::runner_options o = base_options(path);
+  o.max_new_tokens = 8192;  // SmolLM2-135M: llama.context_length = 8192; refused before any prefill
+  CHECK_THROWS_WITH(llama::run_session(o), doctest::Contains("(llama.context_length)"));
 }

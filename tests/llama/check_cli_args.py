@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""The fairkv-llama command line is strict: every option x bad value exits non-zero with the option's name in
+stderr, before any model is loaded (FAIRKV_MODEL points at a file that does not exist, so a value that slipped
+through would end in a model error that names no option). Good values are accepted (they reach that model error).
+
+usage: check_cli_args.py <fairkv-llama binary>
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+NO_MODEL = "/nonexistent/fairkv-no-model.gguf"
+
+
+def run(binary, args):
+    env = dict(os.environ, FAIRKV_MODEL=NO_MODEL)
+    p = subprocess.run([binary, *args], capture_output=True, text=True, env=env, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    # A sanitizer report (ASan/UBSan builds) or a crash is never an acceptable way to fail.
+    crashed = p.returncode < 0 or "Sanitizer" in p.stderr or "runtime error:" in p.stderr
+    return (-999 if crashed else p.returncode), p.stderr
+
+
+def main():
+    binary = sys.argv[1]
+    hw = os.cpu_count() or 1
+    tmp = tempfile.mkdtemp(prefix="fairkv-cli-")
+    empty_file = os.path.join(tmp, "empty.txt")
+    open(empty_file, "w").close()
+    good_file = os.path.join(tmp, "system.txt")
+    with open(good_file, "w") as f:
+        f.write("[[seg:a]]Be brief.\n")
+
+    ints = ["", "abc", "1.5", "1e3", "+4", " 4", "4 ", "0x10", "99999999999", "-99999999999"]
+    reals = ["", "abc", "1e309", "-1e309", "nan", "inf", "+0.5", " 0.5", "0.5 ", "0.5x", "0x0.8p0", "1", "1.0000001",
+             "-0.1", "2"]
+    # option -> bad values (each must fail naming the option)
+    table = {
+        "--ratio": reals,
+        "--max-new-tokens": ints + ["-1", "1048577", "2147483647", "1000000000"],
+        "--threads": ints + ["0", "-3", str(4 * hw + 1), "100000"],
+        "--batch": ints + ["0", "-1", "4097"],
+        "--max-batch": ints + ["0", "-1", "1025"],
+        "--window": ints + ["0", "-1", "1048577"],
+        "--sinks": ints + ["-1", "1025"],
+        "--boundary": ints + ["-1", "1025"],
+        "--policy": ["", "lru", "SnapKV", "snapkv "],
+        "--selector": ["", "perhead", "union "],
+        "--fair-mode": ["", "fair", "Paper", "proportional "],
+        "--whitelist": [""],
+        "--model": ["", tmp, os.path.join(tmp, "missing.gguf")],
+        "--system-file": ["", tmp, os.path.join(tmp, "missing.txt"), empty_file],
+        "--json": ["", tmp, os.path.join(tmp, "no-such-dir", "out.json")],
+    }
+    failures = []
+    cases = 0
+
+    def expect_error(args, name, what):
+        nonlocal cases
+        cases += 1
+        rc, err = run(binary, args)
+        if rc in (0, -999) or name not in err:
+            failures.append(f"{what}: rc={rc}, stderr={err.strip()[:200]!r}")
+
+    base = ["--user", "hi"]
+    for opt, values in table.items():
+        for v in values:
+            expect_error(base + [opt, v], opt, f"{opt} {v!r}")
+            if opt in ("--ratio", "--window", "--sinks", "--boundary", "--policy", "--selector", "--fair-mode",
+                       "--whitelist"):  # per-configuration options are as strict inside a --config
+                expect_error(base + ["--config", opt, v], opt, f"--config {opt} {v!r}")
+    # A missing value, a repeated option, a global option after --config, exclusive options, no --user.
+    for opt in list(table) + ["--system", "--user"]:
+        expect_error(base + [opt], opt, f"{opt} without a value")
+    expect_error(base + ["--ratio", "0.5", "--ratio", "0.7"], "--ratio", "--ratio twice")
+    expect_error(base + ["--config", "--sinks", "1", "--sinks", "2"], "--sinks", "--sinks twice in one --config")
+    expect_error(base + ["--threads", "1", "--threads", "1"], "--threads", "--threads twice")
+    expect_error(base + ["--config", "--max-new-tokens", "4"], "--max-new-tokens", "--max-new-tokens after --config")
+    expect_error(base + ["--system", "x", "--system-file", good_file], "--system-file", "--system and --system-file")
+    expect_error([], "--user", "no --user")
+    # Options of fair eviction without --fair are refused, not ignored.
+    expect_error(base + ["--sinks", "2"], "--sinks", "--sinks without --fair")
+    expect_error(base + ["--boundary", "2"], "--boundary", "--boundary without --fair")
+    expect_error(base + ["--fair-mode", "paper"], "--fair-mode", "--fair-mode paper without --fair")
+    expect_error(base + ["--frobnicate"], "--frobnicate", "unknown option")
+
+    # Good values parse and reach the model lookup (whose error names no option).
+    goods = [["--ratio", "0"], ["--ratio", "0.999999"], ["--ratio", "-0"], ["--ratio", ".5"], ["--ratio", "5e-1"],
+             ["--max-new-tokens", "0"], ["--max-new-tokens", "1048576"], ["--threads", "1"], ["--batch", "4096"],
+             ["--max-batch", "1024"], ["--window", "1"], ["--sinks", "0", "--fair"], ["--sinks", "1024", "--fair"],
+             ["--boundary", "0"], ["--boundary", "1024", "--fair"], ["--fair-mode", "paper", "--fair"],
+             ["--fair-mode", "proportional"],
+             ["--system-file", good_file], ["--json", os.path.join(tmp, "out.json")], ["--allow-long-context"],
+             ["--ratio", "0.5", "--config", "--ratio", "0.7", "--sinks", "8", "--fair", "--config", "--ratio", "0.2",
+              "--boundary", "2", "--fair-mode", "paper", "--fair"]]
+    for g in goods:
+        cases += 1
+        rc, err = run(binary, base + g)
+        if rc in (0, -999) or NO_MODEL not in err or "warning" in err:
+            failures.append(f"good {g}: rc={rc}, stderr={err.strip()[:200]!r}")
+    # Above the hardware threads (and within 4x): accepted with a warning that names the option.
+    cases += 1
+    rc, err = run(binary, base + ["--threads", str(hw + 1)])
+    if rc == -999 or "warning: --threads" not in err or NO_MODEL not in err:
+        failures.append(f"--threads {hw + 1}: no warning: {err.strip()[:200]!r}")
+    # --help lists every option, the new ones included.
+    cases += 1
+    p = subprocess.run([binary, "--help"], capture_output=True, text=True)
+    missing = [o for o in list(table) + ["--fair", "--allow-long-context", "--config", "--q8", "--quiet"]
+               if o not in p.stdout]
+    if p.returncode != 0 or missing:
+        failures.append(f"--help: rc={p.returncode}, missing {missing}")
+
+    for f in failures:
+        print("FAIL:", f)
+    print(f"{cases - len(failures)} of {cases} command lines behaved")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
