@@ -90,6 +90,22 @@ result attention_row(const layer_inputs<KeySource, Q>& in, std::int64_t b, std::
   return {};
 }
 
+// SnapKV's per-query-head statistic, added to out[0, m): the window's summed attention acc[0, m) divided by the
+// window size w, then avg_pool1d(kernel, stride 1, zero padding kernel/2, count_include_pad): the divisor is
+// always `kernel`. acc is overwritten; pooled is scratch of m floats.
+inline void add_pooled_window_mean(float* acc, std::int64_t m, std::int64_t w, std::int32_t kernel, float* pooled,
+                                   float* out) {
+  const std::int64_t half = kernel / 2;
+  for (std::int64_t t = 0; t < m; ++t) acc[t] /= static_cast<float>(w);
+  for (std::int64_t t = 0; t < m; ++t) {
+    float s = 0.f;
+    for (std::int64_t j = std::max<std::int64_t>(0, t - half); j <= std::min<std::int64_t>(m - 1, t + half); ++j)
+      s += acc[j];
+    pooled[t] = s / static_cast<float>(kernel);
+  }
+  for (std::int64_t t = 0; t < m; ++t) out[t] += pooled[t];
+}
+
 // Window tokens (and TOVA's anchor) score max + 1 over the region's scored tokens of every head, as kvpress pads
 // them: they are kept whenever the budget allows. Token j of the window is raised by j ulps (detail/order.hpp's
 // raised_by), so a budget smaller than the window keeps its most recent tokens.
@@ -143,7 +159,6 @@ result score_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std::
         return {};
       }
       const std::int64_t m = n - w;                                        // scored keys [rb, rb + m)
-      const std::int64_t half = scorer.kernel / 2;
       for (std::int64_t h = 0; h < heads; ++h) {
         for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] = 0.f;
         for (std::int64_t g = 0; g < group; ++g) {
@@ -153,15 +168,7 @@ result score_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std::
             FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, probs));
             for (std::int64_t t = 0; t < m; ++t) acc[t] += probs[t];
           }
-          for (std::int64_t t = 0; t < m; ++t) acc[t] /= static_cast<float>(w);
-          // avg_pool1d(kernel, stride 1, zero padding kernel/2, count_include_pad): divisor is always `kernel`.
-          for (std::int64_t t = 0; t < m; ++t) {
-            float s = 0.f;
-            for (std::int64_t j = std::max<std::int64_t>(0, t - half); j <= std::min<std::int64_t>(m - 1, t + half); ++j)
-              s += acc[j];
-            pooled[t] = s / static_cast<float>(scorer.kernel);
-          }
-          for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] += pooled[t];
+          add_pooled_window_mean(acc, m, w, scorer.kernel, pooled, scores + h * ld + rb);
         }
         for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] /= static_cast<float>(group);
       }

@@ -62,7 +62,6 @@ result score_paper(const S& scorer, const layer_inputs<KeySource, Q>& in, std::i
     if constexpr (S::source == score_source::window_attention) {
       const auto windows = fairkv::detail::paper_window_split(scorer.window, split, L);
       const std::int64_t spans[2][3] = {{0, split, windows.earlier}, {split, L, windows.later}};  // begin, end, window
-      const std::int64_t half = scorer.kernel / 2;
       for (const auto& span : spans) {
         const std::int64_t k0 = span[0], w = span[2], k1 = span[1] - w;  // scored keys [k0, k1), window [k1, end)
         for (std::int64_t h = 0; h < heads; ++h) {
@@ -74,15 +73,7 @@ result score_paper(const S& scorer, const layer_inputs<KeySource, Q>& in, std::i
               FAIRKV_TRY(attention_row(in, b, L, h * group + g, group, p, 0, scale, probs));
               for (std::int64_t t = k0; t < k1; ++t) acc[t - k0] += probs[t];
             }
-            const std::int64_t m = k1 - k0;
-            for (std::int64_t t = 0; t < m; ++t) acc[t] /= static_cast<float>(w);
-            for (std::int64_t t = 0; t < m; ++t) {
-              float s = 0.f;
-              for (std::int64_t j = std::max<std::int64_t>(0, t - half); j <= std::min<std::int64_t>(m - 1, t + half); ++j)
-                s += acc[j];
-              pooled[t] = s / static_cast<float>(scorer.kernel);
-            }
-            for (std::int64_t t = 0; t < m; ++t) scores[h * ld + k0 + t] += pooled[t];
+            add_pooled_window_mean(acc, k1 - k0, w, scorer.kernel, pooled, scores + h * ld + k0);
           }
           for (std::int64_t t = k0; t < k1; ++t) scores[h * ld + t] /= static_cast<float>(group);
         }
