@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <initializer_list>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -59,14 +58,11 @@ inline double parse_ratio(std::string_view option, std::string_view text) {
   return v;
 }
 
-// One of `names` (listed in the message otherwise).
-inline std::string parse_name(std::string_view option, std::string_view text, std::initializer_list<const char*> names) {
-  std::string list;
-  for (const char* n : names) {
-    if (text == n) return std::string(text);
-    list += (list.empty() ? "" : ", ") + std::string(n);
-  }
-  fail(option, "unknown '" + std::string(text) + "' (" + list + ")");
+// A --policy, --selector or --fair-mode name, checked by compress.hpp (fairkv::parse for the first two).
+inline std::string parse_name(std::string_view option, std::string_view text,
+                              std::string (*name_error)(std::string_view)) {
+  if (std::string e = name_error(text); !e.empty()) fail(option, e);
+  return std::string(text);
 }
 
 // A regular file that can be opened for reading.
@@ -151,7 +147,7 @@ inline const std::vector<option>& options() {
        [](state& s, std::string_view, const std::string& v) { s.a.opt.users.push_back(v); }},
       {"--policy", "NAME", true, false, "none | knorm | streaming_llm | snapkv | tova | h2o   (default none)",
        [](state& s, std::string_view n, const std::string& v) {
-         s.cfg().compress.policy = parse_name(n, v, {"none", "knorm", "streaming_llm", "snapkv", "tova", "h2o"});
+         s.cfg().compress.policy = parse_name(n, v, policy_name_error);
        }},
       {"--ratio", "R", true, false, "fraction of the system turn's KV cache to evict, in [0, 1)   (default 0)",
        [](state& s, std::string_view n, const std::string& v) { s.cfg().compress.ratio = parse_ratio(n, v); }},
@@ -165,7 +161,7 @@ inline const std::vector<option>& options() {
        "proportional | paper   (default proportional; needs --fair): fairkv's N-segment allocation,\n"
        "or the paper's two-span presses exactly (two adjacent segments, widened)",
        [](state& s, std::string_view n, const std::string& v) {
-         s.cfg().compress.fair_mode = parse_name(n, v, {"proportional", "paper"});
+         s.cfg().compress.fair_mode = parse_name(n, v, fair_mode_name_error);
        }},
       {"--sinks", "N", true, false,
        "attention-sink tokens always kept under --fair, in [0, 1024] (default 4; paper mode 0)",
@@ -185,7 +181,7 @@ inline const std::vector<option>& options() {
        }},
       {"--selector", "NAME", true, false, "per_head | union | head_adaptive   (default per_head)",
        [](state& s, std::string_view n, const std::string& v) {
-         s.cfg().compress.selector = parse_name(n, v, {"per_head", "union", "head_adaptive"});
+         s.cfg().compress.selector = parse_name(n, v, selector_name_error);
        }},
       {"--max-new-tokens", "N", false, false,
        "answer tokens at most, in [0, 1048576] (default 128); the whole context must fit the\n"

@@ -10,6 +10,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -41,22 +42,45 @@ struct compress_result {
 inline constexpr int max_sinks = 1024;
 inline constexpr int max_boundary = 1024;
 
-inline bool is_known_fair_mode(const std::string& m) { return m == "proportional" || m == "paper"; }
-
 // The sinks a fair configuration keeps: --sinks, else the mode's default (the paper keeps none of its own).
 inline int sinks_of(const compress_request& r) {
   if (!r.fair) return 0;
   return r.sinks >= 0 ? r.sinks : (r.fair_mode == "paper" ? 0 : 4);
 }
 
-inline bool is_known_policy(const std::string& p) {
-  return p == "none" || p == "knorm" || p == "streaming_llm" || p == "snapkv" || p == "tova" || p == "h2o";
+// --policy and --selector take fairkv's own names: fairkv::parse decides what is valid and lists the names in its
+// message, so the runner keeps no second list. "none" (no compression) and the --fair-mode names are the runner's.
+// Each returns the error without the option's name, empty when the name is valid.
+inline std::string policy_name_error(std::string_view name) {
+  fairkv::scorer_kind kind{};
+  if (name == "none") return {};
+  const fairkv::result r = fairkv::parse(name, kind);
+  return r ? std::string() : std::string(r.message()) + ", or 'none' to compress nothing";
 }
-inline bool is_known_selector(const std::string& s) { return s == "per_head" || s == "union" || s == "head_adaptive"; }
+inline std::string selector_name_error(std::string_view name) {
+  fairkv::selection_kind kind{};
+  const fairkv::result r = fairkv::parse(name, kind);
+  return r ? std::string() : std::string(r.message());
+}
+inline std::string fair_mode_name_error(std::string_view name) {
+  if (name == "proportional" || name == "paper") return {};
+  return "unknown fair mode '" + std::string(name) + "' (proportional, paper)";
+}
 
-// Attention-based scorers need the system turn's post-RoPE queries; the others only read keys (or positions),
-// so the prefill need not keep [n_layers][n_heads][n_sys][head_dim] queries for them.
-inline bool policy_needs_queries(const std::string& p) { return p == "snapkv" || p == "tova" || p == "h2o"; }
+// The request's names, checked as the CLI checks them (the message starts with the option).
+inline void check_names(const compress_request& r) {
+  if (std::string e = policy_name_error(r.policy); !e.empty()) throw std::runtime_error("--policy: " + e);
+  if (std::string e = selector_name_error(r.selector); !e.empty()) throw std::runtime_error("--selector: " + e);
+  if (std::string e = fair_mode_name_error(r.fair_mode); !e.empty()) throw std::runtime_error("--fair-mode: " + e);
+}
+
+// Attention-based scorers need the system turn's post-RoPE queries; knorm reads only keys and streaming_llm only
+// positions, so the prefill need not keep [n_layers][n_heads][n_sys][head_dim] queries for them.
+inline bool policy_needs_queries(std::string_view policy) {
+  fairkv::scorer_kind kind{};
+  if (policy == "none" || !fairkv::parse(policy, kind)) return false;
+  return kind != fairkv::scorer_kind::knorm && kind != fairkv::scorer_kind::streaming_llm;
+}
 
 // The CLI's names as a fairkv::policy_spec; fairkv::dispatch instantiates the policy it names.
 inline fairkv::policy_spec policy_spec_of(const compress_request& r, int window) {

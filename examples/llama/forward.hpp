@@ -1,5 +1,6 @@
-// The Llama forward pass on the CPU: token embedding, 30 x (RMSNorm, GQA attention with RoPE, RMSNorm,
-// SwiGLU MLP), final RMSNorm and the (tied) output projection.
+// The Llama forward pass on the CPU: token embedding, n_layers x (RMSNorm, GQA attention with RoPE, RMSNorm,
+// SwiGLU MLP), final RMSNorm and the output projection (the embeddings when tied). n_layers is the GGUF's
+// llama.block_count: 30 for SmolLM2-135M.
 //
 // Matrix products run on the quantised blocks (quant.hpp) and are split over output rows between the threads
 // of a small pool (thread_pool.hpp); a batch of tokens (prefill) shares one pass over each weight row, one token (decode) is a matvec.
@@ -71,9 +72,7 @@ class engine {
   int threads() const noexcept { return opt_.threads; }
 
   // The engine's own sequence, which feed(tokens) extends.
-  sequence& main_sequence() noexcept { return main_; }
   int n_past() const noexcept { return main_.n_past; }
-  void set_n_past(int n) noexcept { main_.n_past = n; }
   void reset() {
     main_.cache.clear();
     main_.n_past = 0;

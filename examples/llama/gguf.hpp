@@ -111,12 +111,6 @@ struct tensor_info {
   uint64_t offset;           // relative to the data section
   const std::byte* data;     // points into the mmap
   uint64_t nbytes;
-
-  uint64_t n_elements() const {
-    uint64_t n = 1;
-    for (uint64_t d : ne) n *= d;  // cannot overflow: checked by the parser
-    return n;
-  }
 };
 
 // One metadata entry. Strings and array elements are views into the file's bytes (the file owns them).
@@ -318,13 +312,6 @@ class file {
     if (!integer_as_u64(v, u) || u > std::numeric_limits<uint32_t>::max())
       throw error("gguf: key " + detail::quoted(key) + " is " + describe(v) + ", expected an integer that fits in u32");
     return static_cast<uint32_t>(u);
-  }
-  uint64_t get_u64(std::string_view key) const {
-    const value& v = get(key);
-    uint64_t u = 0;
-    if (!integer_as_u64(v, u))
-      throw error("gguf: key " + detail::quoted(key) + " is " + describe(v) + ", expected a non-negative integer");
-    return u;
   }
   float get_f32(std::string_view key) const {
     const value& v = get(key);

@@ -1,4 +1,4 @@
-// The KV cache in the layout fairkv views directly (RUNNER_SPEC.md): per layer K and V as
+// The KV cache in the layout fairkv views directly (docs/llama-runner.md, "Forward pass"): per layer K and V as
 // float [n_kv_heads][capacity][head_dim], keys after RoPE, and a length per head, because head-adaptive
 // eviction leaves heads with different numbers of tokens.
 #pragma once
@@ -62,22 +62,12 @@ class kv_cache {
                                  " (raise it or shorten the prompt)");
   }
 
-  // Per-head lengths of every layer, e.g. to restore the compressed system cache after a user turn: tokens
-  // appended after it live beyond these lengths, so truncating them is all that is needed (no copy).
+  // Per-head lengths of every layer ([n_layers][n_kv_heads]): what a compressed, ragged cache holds.
   std::vector<std::vector<int32_t>> lengths() const {
     std::vector<std::vector<int32_t>> out;
     out.reserve(layers_.size());
     for (const kv_layer& l : layers_) out.push_back(l.len);
     return out;
-  }
-  void set_lengths(const std::vector<std::vector<int32_t>>& lens) {
-    if (lens.size() != layers_.size()) throw std::runtime_error("kv_cache::set_lengths: wrong layer count");
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      if (lens[l].size() != size_t(n_kv_heads_)) throw std::runtime_error("kv_cache::set_lengths: wrong head count");
-      for (int32_t n : lens[l])
-        if (n < 0 || n > capacity_) throw std::runtime_error("kv_cache::set_lengths: length out of range");
-      layers_[l].len = lens[l];
-    }
   }
   // The captured queries are only needed to score the system turn.
   void drop_queries() {

@@ -351,8 +351,6 @@ class tokenizer {
     append_token_text(out, id);
     return out;
   }
-  // The vocabulary entry as stored (byte-level alphabet, e.g. "Ġthe").
-  const std::string& token_piece(int32_t id) const { return tokens_.at(checked(id)); }
 
   int32_t bos() const { return bos_; }
   // Whether the model expects BOS first (tokenizer.ggml.add_bos_token; false when absent). encode() never adds it.

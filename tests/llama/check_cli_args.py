@@ -84,13 +84,24 @@ def main():
     expect_error(base + ["--boundary", "2"], "--boundary", "--boundary without --fair")
     expect_error(base + ["--fair-mode", "paper"], "--fair-mode", "--fair-mode paper without --fair")
     expect_error(base + ["--frobnicate"], "--frobnicate", "unknown option")
+    # A bad name's message lists the valid ones (fairkv::parse's list for --policy and --selector).
+    for opt, bad, listed in (("--policy", "lru", ["knorm", "snapkv", "h2o", "none"]),
+                             ("--selector", "perhead", ["per_head", "union", "head_adaptive"]),
+                             ("--fair-mode", "Paper", ["proportional", "paper"])):
+        cases += 1
+        rc, err = run(binary, base + [opt, bad])
+        if rc in (0, -999) or not err.startswith(f"fairkv-llama: error: {opt}: unknown") or \
+                any(n not in err for n in listed):
+            failures.append(f"{opt} {bad}: the message does not list {listed}: {err.strip()[:200]!r}")
 
     # Good values parse and reach the model lookup (whose error names no option).
     goods = [["--ratio", "0"], ["--ratio", "0.999999"], ["--ratio", "-0"], ["--ratio", ".5"], ["--ratio", "5e-1"],
              ["--max-new-tokens", "0"], ["--max-new-tokens", "1048576"], ["--threads", "1"], ["--batch", "4096"],
              ["--max-batch", "1024"], ["--window", "1"], ["--sinks", "0", "--fair"], ["--sinks", "1024", "--fair"],
              ["--boundary", "0"], ["--boundary", "1024", "--fair"], ["--fair-mode", "paper", "--fair"],
-             ["--fair-mode", "proportional"],
+             ["--fair-mode", "proportional"], ["--policy", "none"],
+             # --policy and --selector take what fairkv::parse takes, its aliases included.
+             ["--policy", "observed_attention"], ["--selector", "union_heads"],
              ["--system-file", good_file], ["--json", os.path.join(tmp, "out.json")], ["--allow-long-context"],
              ["--ratio", "0.5", "--config", "--ratio", "0.7", "--sinks", "8", "--fair", "--config", "--ratio", "0.2",
               "--boundary", "2", "--fair-mode", "paper", "--fair"]]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """End-to-end check of the fairkv-llama CLI through its --json report (what the pitfalls harness parses):
-the RUNNER_SPEC fields exist, ratio 0 gives the uncompressed answer, and with --fair every segment keeps its
+the report's fields (docs/llama-runner.md) exist, ratio 0 gives the uncompressed answer, and with --fair every segment keeps its
 share within one token (mean over layers and heads, and in every layer); a --config sweep reports, per
 configuration, exactly what a run of it alone reports, and an infeasible configuration only its error; a sweep
 in which no configuration can run exits non-zero; a segment marker inside a token is a warning naming the marker

@@ -198,7 +198,7 @@ TEST_CASE("runner: a sweep answers every configuration exactly as a run of it al
     CHECK_THROWS_WITH(llama::run_sweep(bad), doctest::Contains("--ratio must be in [0, 1)"));
     bad.configs[3].compress.ratio = 0.5;
     bad.configs[0].compress.policy = "lru";
-    CHECK_THROWS_WITH(llama::run_sweep(bad), doctest::Contains("unknown policy 'lru'"));
+    CHECK_THROWS_WITH(llama::run_sweep(bad), doctest::Contains("--policy: unknown scorer 'lru'"));
     bad.configs.clear();
     CHECK_THROWS_WITH(llama::run_sweep(bad), doctest::Contains("no compression configuration"));
   }
