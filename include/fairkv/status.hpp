@@ -25,6 +25,8 @@ enum class status : int {
   not_supported,           // a valid request this backend does not implement
   device_error,            // an error reported by the CUDA runtime (see from_cuda)
   internal_error,
+  out_of_memory,           // a host allocation the library makes itself failed (the convenience overloads)
+  // New codes go last, so the numeric values engines may have logged or stored keep their meaning.
 };
 
 [[nodiscard]] constexpr std::string_view to_string(status s) noexcept {
@@ -43,6 +45,7 @@ enum class status : int {
     case status::not_supported: return "not supported";
     case status::device_error: return "device error";
     case status::internal_error: return "internal error";
+    case status::out_of_memory: return "out of memory";
   }
   return "unknown status";
 }

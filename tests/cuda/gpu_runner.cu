@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "fairkv/allocators/debias.hpp"
 #include "fairkv/cuda/cuda.cuh"
@@ -86,6 +87,17 @@ result gpu_can_implement(const host_case& c) {
   });
 }
 
+result gpu_planner_can_implement(const host_case& c) {
+  return with_policy(c, [&](const auto& pol, auto tag) -> result {
+    using T = decltype(tag);
+    const auto in = fake_inputs<T>(c);
+    const fairkv::keep_plan_view out{fake_device_pointer<std::int32_t>(), fake_device_pointer<std::int32_t>(),
+                                     fake_device_pointer<std::int32_t>(), c.batch, c.heads, c.tokens};
+    using planner = fairkv::cuda::planner<std::decay_t<decltype(pol)>, std::decay_t<decltype(in)>>;
+    return planner::can_implement({pol, in, c.segments, c.whitelist, c.ratio, out});
+  });
+}
+
 result gpu_size_query(const host_case& c, std::size_t& bytes) {
   return with_policy(c, [&](const auto& pol, auto tag) -> result {
     using T = decltype(tag);
@@ -145,6 +157,48 @@ result gpu_plan(const host_case& c, fairkv::keep_plan& out, bool graph) {
   FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemcpy(h.indices, dp.indices.get(), dp.indices.bytes(), cudaMemcpyDeviceToHost)));
   FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemcpy(h.counts, dp.counts.get(), dp.counts.bytes(), cudaMemcpyDeviceToHost)));
   return fairkv::cuda::from_cuda(cudaMemcpy(h.lengths, dp.lengths.get(), dp.lengths.bytes(), cudaMemcpyDeviceToHost));
+}
+
+namespace {
+result download_plan(const host_case& c, const device_plan& dp, fairkv::keep_plan& out) {
+  out.resize(c.batch, c.heads, c.tokens);
+  const fairkv::keep_plan_view h = out.view();
+  FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemcpy(h.indices, dp.indices.get(), dp.indices.bytes(), cudaMemcpyDeviceToHost)));
+  FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemcpy(h.counts, dp.counts.get(), dp.counts.bytes(), cudaMemcpyDeviceToHost)));
+  return fairkv::cuda::from_cuda(cudaMemcpy(h.lengths, dp.lengths.get(), dp.lengths.bytes(), cudaMemcpyDeviceToHost));
+}
+}  // namespace
+
+result gpu_plan_handle(const host_case& c, fairkv::keep_plan& first, fairkv::keep_plan& second) {
+  device_buffer keys, queries, attention, sums, temp;
+  FAIRKV_TRY(keys.upload(c.k_bytes));
+  FAIRKV_TRY(queries.upload(c.queries));
+  FAIRKV_TRY(attention.upload(c.attention));
+  FAIRKV_TRY(sums.upload(c.column_sums));
+  device_plan dp;
+  FAIRKV_TRY(dp.allocate(c.batch, c.heads, c.tokens));
+  const fairkv::keep_plan_view view = dp.view(c.batch, c.heads, c.tokens);
+  return with_policy(c, [&](const auto& pol, auto tag) -> result {
+    using T = decltype(tag);
+    const auto in = make_inputs<T>(c, keys.get<const T>(), queries.get<const float>(), attention.get<const float>(),
+                                   sums.get<const float>());
+    using planner = fairkv::cuda::planner<std::decay_t<decltype(pol)>, std::decay_t<decltype(in)>>;
+    const typename planner::arguments args{pol, in, c.segments, c.whitelist, c.ratio, view};
+    FAIRKV_TRY(planner::can_implement(args));
+    std::size_t bytes = 0;
+    FAIRKV_TRY(planner::get_workspace_size(args, bytes));
+    FAIRKV_TRY(temp.allocate(bytes));
+    planner p;
+    FAIRKV_TRY(p.initialize(args, temp.get(), bytes));
+    for (fairkv::keep_plan* out : {&first, &second}) {
+      FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemset(view.indices, 0xFF, dp.indices.bytes())));
+      FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemset(view.counts, 0xFF, dp.counts.bytes())));
+      FAIRKV_TRY(p.run());
+      FAIRKV_TRY(fairkv::cuda::from_cuda(cudaDeviceSynchronize()));
+      FAIRKV_TRY(download_plan(c, dp, *out));
+    }
+    return {};
+  });
 }
 
 result gpu_compact(const host_case& c, const fairkv::keep_plan& plan, std::vector<unsigned char>& k,

@@ -24,9 +24,14 @@ struct device_info {
 // cuda::plan's size query with the allocator only the CPU implements: allocators::debias.
 [[nodiscard]] fairkv::result gpu_plan_cpu_only(const host_case& c);
 [[nodiscard]] int cuda_max_segments();                            // fairkv::cuda::max_segments
+// cuda::planner<...>::can_implement on the case (the handle's own entry point; host only).
+[[nodiscard]] fairkv::result gpu_planner_can_implement(const host_case& c);
 
 // Device entry points: upload, run on a stream (optionally captured into a CUDA graph and replayed), download.
 [[nodiscard]] fairkv::result gpu_plan(const host_case& c, fairkv::keep_plan& out, bool graph = false);
+// cuda::planner as a handle: initialize() once, then run() twice on one stream (the output is overwritten with
+// garbage in between), each plan downloaded.
+[[nodiscard]] fairkv::result gpu_plan_handle(const host_case& c, fairkv::keep_plan& first, fairkv::keep_plan& second);
 // Compacts the case's K and V (k and v: the case's bytes in, the compacted bytes out) with `plan`.
 [[nodiscard]] fairkv::result gpu_compact(const host_case& c, const fairkv::keep_plan& plan,
                                          std::vector<unsigned char>& k, std::vector<unsigned char>& v);

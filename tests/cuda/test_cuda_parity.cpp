@@ -373,12 +373,61 @@ TEST_SUITE("cuda_host") {
           REQUIRE_MESSAGE(want.ok(), std::string(want.message()));
           const result got = gpu_can_implement(c);
           CHECK_MESSAGE(got.ok(), std::string(got.message()));
+          const result handle = gpu_planner_can_implement(c);
+          CHECK_MESSAGE(handle.ok(), std::string(handle.message()));
           std::size_t bytes = 0;
           CHECK(gpu_size_query(c, bytes).ok());
           CHECK(bytes >= static_cast<std::size_t>(c.batch * c.heads * c.tokens) * 4u);  // at least the scores
           ++n;
         }
     CHECK(n == 6 * 3 * 5);
+  }
+
+  TEST_CASE("cuda planner: can_implement refuses as the free function and the CPU oracle do") {
+    std::mt19937 rng(5);
+    const host_case base =
+        random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::fair_with_whitelist, dtype_id::f32);
+    struct refusal {
+      const char* what;
+      void (*apply)(host_case&);
+      status code;
+      const char* needle;
+      bool cpu_accepts;  // a limit of the CUDA backend only
+    };
+    const refusal refusals[] = {
+        {"ratio", [](host_case& c) { c.ratio = 1.5; }, status::invalid_argument, "ratio = 1.5", false},
+        {"whitelist", [](host_case& c) { c.whitelist = {static_cast<std::int32_t>(c.tokens)}; }, status::out_of_range,
+         "whitelist[0]", false},
+        {"segments overlap", [](host_case& c) { c.segments = {{0, 4}, {2, 6}}; }, status::overlapping_segments,
+         "overlaps", false},
+        {"too many segments",
+         [](host_case& c) {
+           c.tokens = c.q_tokens = c.capacity = 200;
+           c.k_bytes.assign(static_cast<std::size_t>(storage_elements(c) * 4), 0);
+           c.whitelist.clear();
+           c.segments.clear();
+           for (std::int32_t i = 0; i < cuda_max_segments() + 1; ++i) c.segments.push_back({2 * i, 2 * i + 1});
+         },
+         status::not_supported, "at most 31", true},
+    };
+    for (const refusal& r : refusals) {
+      CAPTURE(r.what);
+      host_case c = base;
+      r.apply(c);
+      const result handle = gpu_planner_can_implement(c);
+      const result free_fn = gpu_can_implement(c);
+      CHECK(handle.code() == r.code);
+      CHECK(std::string(handle.message()).find(r.needle) != std::string::npos);
+      CHECK(std::string(handle.message()) == std::string(free_fn.message()));
+      fairkv::keep_plan cp;
+      const result cpu = cpu_plan(c, cp);
+      if (r.cpu_accepts) {
+        CHECK(cpu.ok());
+      } else {
+        CHECK(cpu.code() == r.code);
+        CHECK(std::string(cpu.message()) == std::string(handle.message()));
+      }
+    }
   }
 
   TEST_CASE("cuda host checks: the CUDA backend's limits are reported, not silently exceeded") {
@@ -541,6 +590,63 @@ TEST_SUITE("cuda_parity") {
     CHECK(exact * 10 >= cases * 8);
   }
 
+  TEST_CASE("cuda planner: initialize once, run twice, the CPU's plan both times" * doctest::skip(no_device)) {
+    std::mt19937 rng(17);
+    for (const scorer_id s : {scorer_id::knorm, scorer_id::streaming_llm, scorer_id::snapkv})
+      for (const selector_id sel : all_selectors) {
+        host_case c = random_case(rng, s, sel, allocator_id::fair_with_whitelist, dtype_id::f32);
+        CAPTURE(c.name);
+        fairkv::keep_plan want, first, second;
+        REQUIRE(cpu_plan(c, want).ok());
+        const result r = gpu_plan_handle(c, first, second);
+        REQUIRE_MESSAGE(r.ok(), std::string(r.message()));
+        std::string why;
+        CHECK_MESSAGE(same_plan(first, second, why), why);
+        if (s != scorer_id::snapkv) CHECK_MESSAGE(same_plan(want, first, why), why);  // attention: near-ties aside
+      }
+  }
+
+  TEST_CASE("cuda: key rows above 48 KiB of shared memory opt in; beyond the device's opt-in limit, refused" *
+            doctest::skip(no_device)) {
+    std::mt19937 rng(29);
+    host_case c = random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::uniform, dtype_id::f32);
+    c.batch = 1;
+    c.heads = 2;
+    c.tokens = c.q_tokens = c.capacity = 24;
+    c.head_dim = 16384;  // 64 KiB per staged key row
+    c.layout = layout_id::contiguous;
+    c.segments.clear();
+    c.whitelist.clear();
+    c.k_bytes.resize(static_cast<std::size_t>(storage_elements(c) * 4));
+    for (std::size_t i = 0; i < c.k_bytes.size(); i += 4) {
+      const float x = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 1000.f;
+      std::memcpy(&c.k_bytes[i], &x, 4);
+    }
+    c.v_bytes = c.k_bytes;
+    fairkv::keep_plan want, got;
+    REQUIRE(cpu_plan(c, want).ok());
+    const result r = gpu_plan(c, got);
+    REQUIRE_MESSAGE(r.ok(), std::string(r.message()));
+    std::string why;
+    CHECK_MESSAGE(same_plan(want, got, why), why);
+    // Compaction stages one K and one V row (128 KiB) per chunk: also above 48 KiB.
+    std::vector<unsigned char> ck = c.k_bytes, cv = c.v_bytes, gk = c.k_bytes, gv = c.v_bytes;
+    REQUIRE(cpu_compact(c, want, ck, cv).ok());
+    const result gc = gpu_compact(c, want, gk, gv);
+    REQUIRE_MESSAGE(gc.ok(), std::string(gc.message()));
+    CHECK(ck == gk);
+    CHECK(cv == gv);
+    // 60000 floats per row exceed every device's opt-in limit (227 KiB on H100): refused before any launch.
+    c.head_dim = 60000;
+    c.tokens = c.q_tokens = c.capacity = 2;
+    c.k_bytes.assign(static_cast<std::size_t>(storage_elements(c) * 4), 0);
+    REQUIRE(cpu_plan(c, want).ok());
+    const result big = gpu_can_implement(c);
+    CHECK(big.code() == status::not_supported);
+    CHECK(std::string(big.message()).find("shared memory") != std::string::npos);
+    CHECK(gpu_plan(c, got).code() == status::not_supported);
+  }
+
   TEST_CASE("cuda parity: dense and strided compaction with random plans" * doctest::skip(no_device)) {
     std::mt19937 rng(5);
     for (int i = 0; i < (quick ? 15 : 60); ++i) {
@@ -609,6 +715,43 @@ TEST_SUITE("cuda_parity") {
       CHECK(ck == gk);
       CHECK(cv == gv);
     }
+  }
+
+  TEST_CASE("cuda parity: a page listed twice is reported by the device, as the CPU does, and nothing moves" *
+            doctest::skip(no_device)) {
+    paged_case c;
+    c.batch = 3;
+    c.heads = 2;
+    c.head_dim = 8;
+    c.page_size = 4;
+    c.num_pages = 4000;  // many pages: the device check is linear in them
+    std::vector<std::int64_t> lengths;
+    c.indptr = {0};
+    for (std::int64_t b = 0; b < c.batch; ++b) {
+      lengths.push_back(400);
+      c.indptr.push_back(static_cast<std::int32_t>(100 * (b + 1)));
+      c.last_page_len.push_back(4);
+    }
+    for (std::int32_t p = 0; p < 300; ++p) c.indices.push_back(3999 - 13 * p);  // distinct pages
+    c.indices[250] = c.indices[17];  // sequence 2 reuses a page of sequence 0
+    const std::size_t bytes = static_cast<std::size_t>(c.num_pages * c.page_size * c.heads * c.head_dim * 4);
+    c.k_pool.resize(bytes);
+    c.v_pool.resize(bytes);
+    std::mt19937 rng(41);
+    for (auto& x : c.k_pool) x = static_cast<unsigned char>(rng());
+    for (auto& x : c.v_pool) x = static_cast<unsigned char>(rng());
+    const fairkv::keep_plan plan = random_plan(rng, c.batch, c.heads, lengths, 400);
+    std::vector<unsigned char> ck = c.k_pool, cv = c.v_pool, gk = c.k_pool, gv = c.v_pool;
+    const result cr = fairkv::cpu::compact(plan.view(), make_paged(c, reinterpret_cast<float*>(ck.data()),
+                                                                   reinterpret_cast<float*>(cv.data()), c.indptr.data(),
+                                                                   c.indices.data(), c.last_page_len.data()));
+    const result gr = gpu_compact_paged(c, plan, gk, gv);
+    CHECK(cr.code() == status::invalid_shape);
+    CHECK(gr.code() == status::invalid_shape);
+    CHECK(std::string(gr.message()).find("page " + std::to_string(c.indices[17]) + " twice (positions 17 and 250)") !=
+          std::string::npos);
+    CHECK(gk == c.k_pool);
+    CHECK(gv == c.v_pool);
   }
 
   TEST_CASE("cuda parity: an invalid plan is reported by the device and writes nothing" * doctest::skip(no_device)) {

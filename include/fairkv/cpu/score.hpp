@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "fairkv/detail/order.hpp"
+#include "fairkv/detail/plan_front/attention_geometry.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/scorer.hpp"
 #include "fairkv/status.hpp"
@@ -153,12 +154,13 @@ result score_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std::
     float* acc = tmp + n;       // [n]
     float* pooled = tmp + 2 * n;  // [n]
     if constexpr (S::source == score_source::window_attention) {
-      const std::int64_t w = std::min<std::int64_t>(scorer.window, n - 1);  // at least one scored key
+      // Scored keys [rb, rb + m), the window's rows [re - w, re) (detail/plan_front/attention_geometry.hpp).
+      const std::int64_t w = fairkv::detail::region_window(scorer, n);
+      const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, w, false, false).scored;
       if (w == 0) {  // a one-token region: nothing to attend from, the token is its own window
         for (std::int64_t h = 0; h < heads; ++h) scores[h * ld + rb] = 1.f;
         return {};
       }
-      const std::int64_t m = n - w;                                        // scored keys [rb, rb + m)
       for (std::int64_t h = 0; h < heads; ++h) {
         for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] = 0.f;
         for (std::int64_t g = 0; g < group; ++g) {
@@ -175,7 +177,8 @@ result score_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std::
       pad_with_max_plus_one(scores, ld, heads, rb, rb + m, re);
       return {};
     } else if constexpr (S::source == score_source::last_attention) {
-      const std::int64_t m = n - 1;  // keys [rb, re - 1) are scored, the anchor is padded
+      // Keys [rb, re - 1) are scored, the anchor re - 1 is padded.
+      const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, 0, false, false).scored;
       std::fill(acc, acc + m, 0.f);
       for (std::int64_t qh = 0; qh < qheads; ++qh) {
         FAIRKV_TRY(attention_row(in, b, L, qh, group, re - 1, rb, scale, probs));

@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "fairkv/cuda/detail/launch.cuh"
+#include "fairkv/cuda/detail/tuning.cuh"
 #include "fairkv/cuda/detail/workspace.cuh"
 #include "fairkv/cuda/error.cuh"
 #include "fairkv/keep_plan.hpp"
@@ -61,9 +62,6 @@ inline void __device__ report(compact_state* st, int code, int a, int b, int c) 
   }
 }
 
-inline constexpr int compact_threads = 256;
-inline constexpr int compact_smem_bytes = 32 * 1024;
-
 // One block per (batch, head) row. `tokens` < 0: take each sequence's length from the paged side.
 template <class Side>
 __global__ void validate_plan_kernel(keep_plan_view plan, Side side, std::int64_t tokens, compact_state* st) {
@@ -83,8 +81,10 @@ __global__ void validate_plan_kernel(keep_plan_view plan, Side side, std::int64_
 }
 
 // Page tables (what paged_kv_view's host validate() checks, on the device). Grid-stride over the pages.
+// owner [num_pages], zeroed: owner[page] = 1 + the first position that claimed the page, so a second claim finds
+// the duplicate in one atomic (linear in the table, where comparing every pair was quadratic).
 template <class T>
-__global__ void validate_pages_kernel(paged_side<T> s, compact_state* st) {
+__global__ void validate_pages_kernel(paged_side<T> s, compact_state* st, int* owner) {
   const std::int64_t tid = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   if (tid == 0 && s.indptr[0] != 0) report(st, compact_bad_indptr, 0, -1, -1);
@@ -96,10 +96,16 @@ __global__ void validate_pages_kernel(paged_side<T> s, compact_state* st) {
   const std::int64_t nnz = s.indptr[s.batch];
   for (std::int64_t i = tid; i < nnz; i += stride) {
     const std::int32_t page = s.indices[i];
-    if (page < 0 || page >= s.num_pages) report(st, compact_bad_page, static_cast<int>(i), page, -1);
+    if (page < 0 || page >= s.num_pages) {
+      report(st, compact_bad_page, static_cast<int>(i), page, -1);
+      continue;
+    }
     // A page shared by two positions would let one sequence's compaction overwrite another's tokens.
-    for (std::int64_t j = i + 1; j < nnz; ++j)
-      if (s.indices[j] == page) report(st, compact_duplicate_page, static_cast<int>(i), static_cast<int>(j), page);
+    const int first = atomicCAS(&owner[page], 0, static_cast<int>(i) + 1);
+    if (first != 0) {
+      const int j = first - 1, k = static_cast<int>(i);
+      report(st, compact_duplicate_page, j < k ? j : k, j < k ? k : j, page);
+    }
   }
 }
 
@@ -188,15 +194,21 @@ __global__ void __launch_bounds__(compact_threads)
 struct compact_workspace {
   compact_state* state = nullptr;  // [1]
   int* flags = nullptr;            // [rows * chunks_per_row]
+  int* page_owner = nullptr;       // [num_pages] paged views: the position that claimed each page, plus one
 };
 
-inline std::size_t compact_layout(void* base, compact_workspace& w, std::int64_t items) noexcept {
+inline std::size_t compact_layout(void* base, compact_workspace& w, std::int64_t items, std::int64_t pages) noexcept {
   workspace_carver c(base);
   c.carve(w.state, 1);
   c.carve(w.flags, static_cast<std::size_t>(items));
+  c.carve(w.page_owner, static_cast<std::size_t>(pages));
   return c.bytes();
 }
 
+// The compaction kernel's own shared memory (its ticket), counted against the device's per-block limit.
+inline constexpr std::size_t compact_static_smem = 16;
+
+// Rows per chunk: as many K and V rows as compact_smem_bytes holds, between 1 and 64.
 [[nodiscard]] inline std::int32_t chunk_rows(std::int64_t row_bytes) noexcept {
   const std::int64_t c = compact_smem_bytes / (2 * row_bytes);
   return static_cast<std::int32_t>(c < 1 ? 1 : (c > 64 ? 64 : c));
@@ -220,11 +232,6 @@ template <class T, class SideK, class SideV>
                                     const SideV& v, std::int64_t head_dim, std::int64_t tokens,
                                     cudaStream_t stream) noexcept {
   const std::int64_t row_bytes = head_dim * static_cast<std::int64_t>(sizeof(T));
-  // Dynamic shared memory of one K and one V row, plus the kernel's static shared memory, within the 48 KiB a
-  // launch gets without opting in.
-  if (2 * row_bytes > 47 * 1024)
-    return result::error(status::not_supported, "head_dim = %lld is too large for the compaction kernel",
-                         static_cast<long long>(head_dim));
   if (plan.capacity < 0)
     return result::error(status::invalid_plan, "plan.capacity = %lld is negative",
                          static_cast<long long>(plan.capacity));
@@ -233,8 +240,10 @@ template <class T, class SideK, class SideV>
   const std::int64_t items = plan.rows() * cpr;
   if (items > INT32_MAX)
     return result::error(status::not_supported, "the plan has too many rows x capacity for one launch");
+  std::int64_t pages = 0;
+  if constexpr (requires { k.indptr; }) pages = k.num_pages;
   compact_workspace w;
-  const std::size_t needed = compact_layout(nullptr, w, items);
+  const std::size_t needed = compact_layout(nullptr, w, items, pages);
   if (d_temp == nullptr) {
     bytes = needed;
     return {};
@@ -242,30 +251,32 @@ template <class T, class SideK, class SideV>
   if (bytes < needed)
     return result::error(status::insufficient_workspace, "temp_storage_bytes = %zu but the compaction needs %zu",
                          bytes, needed);
+  // One K and one V row at least (a chunk of rows when they fit compact_smem_bytes), opting in above 48 KiB.
+  using raw = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>;
+  const bool vec = vector_rows<T>(k) && vector_rows<T>(v);
+  const auto units = static_cast<std::int32_t>(vec ? row_bytes / 16 : head_dim);
+  const std::size_t smem = 2u * static_cast<std::size_t>(chunk) * static_cast<std::size_t>(units) *
+                           (vec ? sizeof(uint4) : sizeof(raw));
+  if (vec)
+    FAIRKV_TRY(reserve_dynamic_smem(compact_kernel<uint4, SideK, SideV>, smem, compact_static_smem, "the compaction kernel"));
+  else
+    FAIRKV_TRY(reserve_dynamic_smem(compact_kernel<raw, SideK, SideV>, smem, compact_static_smem, "the compaction kernel"));
   void* base = align_base(d_temp);
-  compact_layout(base, w, items);
-  FAIRKV_CUDA_TRY(cudaMemsetAsync(base, 0, needed - 256, stream));
+  compact_layout(base, w, items, pages);
+  FAIRKV_CUDA_TRY(cudaMemsetAsync(base, 0, needed - workspace_carver::alignment, stream));
   if (plan.rows() == 0) return {};  // nothing to validate or move
   // Validated even when nothing can move (capacity 0), so read_compact_status reports a bad plan as the CPU does.
-  launch(validate_plan_kernel<SideK>, static_cast<unsigned>(plan.rows()), 256, 0, stream, plan, k, tokens, w.state);
+  FAIRKV_TRY(launch(validate_plan_kernel<SideK>, static_cast<unsigned>(plan.rows()), 256, 0, stream, plan, k, tokens,
+                    w.state));
   if constexpr (requires { k.indptr; })
-    launch(validate_pages_kernel<T>, 64, 256, 0, stream, k, w.state);
-  if (items == 0) return from_cuda(cudaGetLastError());
-  const bool vec = vector_rows<T>(k) && vector_rows<T>(v);
-  using raw = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>;
-  if (vec) {
-    const auto units = static_cast<std::int32_t>(row_bytes / 16);
-    const std::size_t smem = 2u * static_cast<std::size_t>(chunk) * static_cast<std::size_t>(units) * 16u;
-    launch(compact_kernel<uint4, SideK, SideV>, static_cast<unsigned>(items), compact_threads, smem, stream, plan,
-           unit_side<uint4, SideK>{k, 1}, unit_side<uint4, SideV>{v, 1}, chunk, units, cpr, w.state, w.flags);
-  } else {
-    const auto units = static_cast<std::int32_t>(head_dim);
-    const std::size_t smem = 2u * static_cast<std::size_t>(chunk) * static_cast<std::size_t>(units) * sizeof(raw);
-    launch(compact_kernel<raw, SideK, SideV>, static_cast<unsigned>(items), compact_threads, smem, stream, plan,
-           unit_side<raw, SideK>{k, k.stride_dim}, unit_side<raw, SideV>{v, v.stride_dim}, chunk, units, cpr,
-           w.state, w.flags);
-  }
-  return from_cuda(cudaGetLastError());
+    FAIRKV_TRY(launch(validate_pages_kernel<T>, 64, 256, 0, stream, k, w.state, w.page_owner));
+  if (items == 0) return {};
+  if (vec)
+    return launch(compact_kernel<uint4, SideK, SideV>, static_cast<unsigned>(items), compact_threads, smem, stream, plan,
+                  unit_side<uint4, SideK>{k, 1}, unit_side<uint4, SideV>{v, 1}, chunk, units, cpr, w.state, w.flags);
+  return launch(compact_kernel<raw, SideK, SideV>, static_cast<unsigned>(items), compact_threads, smem, stream, plan,
+                unit_side<raw, SideK>{k, k.stride_dim}, unit_side<raw, SideV>{v, v.stride_dim}, chunk, units, cpr,
+                w.state, w.flags);
 }
 
 [[nodiscard]] inline result check_plan_extents(const keep_plan_view& plan, std::int64_t batch, std::int64_t heads,

@@ -1,4 +1,4 @@
-// Umbrella header of the CUDA backend (needs nvcc, C++20): plan, compact, can_implement, from_cuda.
+// Umbrella header of the CUDA backend (needs nvcc, C++20): plan, planner, compact, can_implement, from_cuda.
 // See docs/cuda-backend.md for the design, the limits and the build flags (-fmad=false for bitwise parity).
 #pragma once
 

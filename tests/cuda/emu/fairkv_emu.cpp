@@ -463,16 +463,49 @@ void enqueue(cudaStream_t stream, std::function<void()> op) {
 
 }  // namespace
 
-void submit(cudaStream_t stream, dim3 grid, dim3 block, std::size_t dynamic_smem, std::function<void()> body) {
+namespace {
+std::mutex attribute_mutex;
+std::map<const void*, std::size_t> optin_smem;  // kernel -> its MaxDynamicSharedMemorySize attribute
+thread_local std::uint64_t submitted = 0;
+thread_local std::uint64_t fail_at = 0;  // 0: no injected failure
+}  // namespace
+
+std::uint64_t launches_submitted() noexcept { return submitted; }
+void fail_launch(std::uint64_t nth) noexcept { fail_at = nth == 0 ? 0 : submitted + nth; }
+
+cudaError_t set_function_attribute(const void* kernel, cudaFuncAttribute attr, int value) noexcept {
+  if (kernel == nullptr || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+      static_cast<std::size_t>(value) > optin_dynamic_smem)
+    return record(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(attribute_mutex);
+  optin_smem[kernel] = static_cast<std::size_t>(value);
+  return cudaSuccess;
+}
+
+void submit(const void* kernel, cudaStream_t stream, dim3 grid, dim3 block, std::size_t dynamic_smem,
+            std::function<void()> body) {
+  ++submitted;
+  if (fail_at != 0 && submitted == fail_at) {
+    fail_at = 0;
+    record(cudaErrorLaunchOutOfResources);
+    return;
+  }
   const std::uint64_t threads = static_cast<std::uint64_t>(block.x) * block.y * block.z;
   if (threads == 0 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64 || grid.x == 0 ||
       grid.y == 0 || grid.z == 0 || grid.x > 0x7FFFFFFFu || grid.y > 65535 || grid.z > 65535) {
     record(cudaErrorInvalidConfiguration);
     return;
   }
-  if (dynamic_smem > 48 * 1024) {  // more needs cudaFuncSetAttribute, which fairkv never calls
-    record(cudaErrorInvalidValue);
-    return;
+  if (dynamic_smem > default_dynamic_smem) {  // only up to what the kernel opted in to
+    std::size_t allowed = default_dynamic_smem;
+    {
+      std::lock_guard<std::mutex> lock(attribute_mutex);
+      if (auto it = optin_smem.find(kernel); it != optin_smem.end()) allowed = it->second;
+    }
+    if (dynamic_smem > allowed) {
+      record(cudaErrorInvalidValue);
+      return;
+    }
   }
   auto job = std::make_shared<grid_job>();
   job->grid = grid;
@@ -502,6 +535,7 @@ const char* cudaGetErrorName(cudaError_t e) noexcept {
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
   }
   return "cudaErrorUnknown";
 }
@@ -516,6 +550,7 @@ const char* cudaGetErrorString(cudaError_t e) noexcept {
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     case cudaErrorStreamCaptureUnmatched: return "capture was not initiated in this stream";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
   }
   return "unknown error";
 }
@@ -536,6 +571,16 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) noexcept {
   prop->multiProcessorCount = 1;
   prop->sharedMemPerBlock = 48 * 1024;
   prop->maxThreadsPerBlock = 1024;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) noexcept {
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) noexcept {
+  if (device != 0 || attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return record(cudaErrorInvalidValue);
+  *value = static_cast<int>(optin_dynamic_smem);
   return cudaSuccess;
 }
 

@@ -66,7 +66,14 @@ enum cudaError_t : int {
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorLaunchOutOfResources = 701,
   cudaErrorStreamCaptureUnmatched = 903,
+};
+enum cudaFuncAttribute : int {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+};
+enum cudaDeviceAttr : int {
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
 };
 enum cudaMemcpyKind : int {
   cudaMemcpyHostToHost = 0,
@@ -104,6 +111,16 @@ const char* cudaGetErrorString(cudaError_t e) noexcept;
 cudaError_t cudaGetLastError() noexcept;
 cudaError_t cudaGetDeviceCount(int* count) noexcept;
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) noexcept;
+cudaError_t cudaGetDevice(int* device) noexcept;
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) noexcept;
+namespace fairkv_emu {
+cudaError_t set_function_attribute(const void* kernel, cudaFuncAttribute attr, int value) noexcept;
+}
+// CUDA's template overload (what a kernel name or pointer binds to).
+template <class T>
+cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) noexcept {
+  return ::fairkv_emu::set_function_attribute(reinterpret_cast<const void*>(kernel), attr, value);
+}
 cudaError_t cudaMalloc(void** ptr, std::size_t bytes) noexcept;
 template <class T>
 cudaError_t cudaMalloc(T** ptr, std::size_t bytes) noexcept {
@@ -179,8 +196,21 @@ auto warp_collective(unsigned mask, std::uint64_t word, Read&& read) {
 [[nodiscard]] void* dynamic_shared_memory() noexcept;
 
 // ---- launches -----------------------------------------------------------------------------------------------------
-// Runs the grid now (every launch is synchronous), or records it while `stream` is being captured.
-void submit(cudaStream_t stream, dim3 grid, dim3 block, std::size_t dynamic_smem, std::function<void()> body);
+// The device's limits on dynamic shared memory per block: without opting in, and the most a kernel may opt in
+// to with cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) (an H100's 227 KiB).
+inline constexpr std::size_t default_dynamic_smem = 48 * 1024;
+inline constexpr std::size_t optin_dynamic_smem = 227 * 1024;
+
+// Runs the grid now (every launch is synchronous), or records it while `stream` is being captured. `kernel`
+// identifies the function for its attributes (the opt-in shared memory).
+void submit(const void* kernel, cudaStream_t stream, dim3 grid, dim3 block, std::size_t dynamic_smem,
+            std::function<void()> body);
+
+// Test hooks: launches submitted so far on this host thread, and a failure injected into the n-th launch from
+// now (1 = the next one), which then records cudaErrorLaunchOutOfResources and runs nothing, as a launch the
+// device refuses. 0 clears a pending injection.
+[[nodiscard]] std::uint64_t launches_submitted() noexcept;
+void fail_launch(std::uint64_t nth) noexcept;
 
 template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t dynamic_smem, cudaStream_t stream,
@@ -190,7 +220,8 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t dynami
   // Converted to the kernel's parameter types and copied at the launch, as CUDA does; every thread then gets its
   // own by-value copy when the body calls the kernel.
   auto params = std::make_shared<const std::tuple<std::decay_t<Params>...>>(std::forward<Args>(args)...);
-  submit(stream, grid, block, dynamic_smem, [kernel, params] { std::apply(kernel, *params); });
+  submit(reinterpret_cast<const void*>(kernel), stream, grid, block, dynamic_smem,
+         [kernel, params] { std::apply(kernel, *params); });
 }
 
 }  // namespace fairkv_emu

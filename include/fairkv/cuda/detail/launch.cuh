@@ -10,16 +10,50 @@
 #include <cstddef>
 #include <utility>
 
+#include "fairkv/cuda/detail/tuning.cuh"
+#include "fairkv/cuda/error.cuh"
+#include "fairkv/status.hpp"
+
 namespace fairkv::cuda::detail {
 
+// Launches and checks the launch at once (CUB checks each of its launches the same way): a configuration the
+// device refuses stops the caller at that launch with a status, before it enqueues the next kernel, and the
+// error is consumed so that it is not reported again by an unrelated call later.
 template <class... Params, class... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t dynamic_smem, cudaStream_t stream,
-            Args&&... args) {
+[[nodiscard]] result launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t dynamic_smem,
+                            cudaStream_t stream, Args&&... args) noexcept {
 #if defined(FAIRKV_CUDA_EMULATION)
   ::fairkv_emu::launch(kernel, grid, block, dynamic_smem, stream, std::forward<Args>(args)...);
 #else
   kernel<<<grid, block, dynamic_smem, stream>>>(std::forward<Args>(args)...);
 #endif
+  return from_cuda(cudaGetLastError());
+}
+
+// Whether a kernel with `static_bytes` of its own may launch with `bytes` of dynamic shared memory on the current
+// device: up to 48 KiB every launch may; beyond, up to what the device allows one block after opting in
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 163 KiB on A100, 227 KiB on H100).
+[[nodiscard]] inline result check_dynamic_smem(std::size_t bytes, std::size_t static_bytes, const char* what) noexcept {
+  if (bytes + static_bytes <= default_dynamic_smem_bytes) return {};
+  int device = 0, optin = 0;
+  FAIRKV_CUDA_TRY(cudaGetDevice(&device));
+  FAIRKV_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (bytes + static_bytes > static_cast<std::size_t>(optin))
+    return result::error(status::not_supported,
+                         "%s needs %zu bytes of shared memory per block; device %d allows at most %d", what,
+                         bytes + static_bytes, device, optin);
+  return {};
+}
+
+// Checks, then lets `kernel` launch with `bytes` of dynamic shared memory: above 48 KiB the kernel opts in
+// (cudaFuncAttributeMaxDynamicSharedMemorySize). Host only and stream-free: call it before the launches (or the
+// graph capture), as planner::initialize does, not between the launches of a capture.
+template <class... Params>
+[[nodiscard]] result reserve_dynamic_smem(void (*kernel)(Params...), std::size_t bytes, std::size_t static_bytes,
+                                          const char* what) noexcept {
+  if (bytes + static_bytes <= default_dynamic_smem_bytes) return {};
+  FAIRKV_TRY(check_dynamic_smem(bytes, static_bytes, what));
+  return from_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 // The block's dynamic shared memory, 16-byte aligned (the vector paths read and write it as uint4).

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "fairkv/config.hpp"
+#include "fairkv/detail/search.hpp"
 
 namespace fairkv::cuda {
 
@@ -39,14 +40,9 @@ struct plan_params {
   std::int32_t forced[max_whitelist];           // [n_forced] ascending, distinct
 };
 
-// Group of token t: binary search over the runs (they tile [0, tokens) in order).
+// Group of token t: the run holding it (the runs tile [0, tokens) in order).
 [[nodiscard]] FAIRKV_HOST_DEVICE inline std::int32_t group_of(const plan_params& p, std::int32_t t) noexcept {
-  std::int32_t lo = 0, hi = p.n_runs - 1;
-  while (lo < hi) {
-    const std::int32_t mid = (lo + hi + 1) / 2;
-    if (p.runs[mid].begin <= t) lo = mid; else hi = mid - 1;
-  }
-  return p.runs[lo].group;
+  return p.runs[fairkv::detail::last_at_most(p.runs, p.n_runs, &run::begin, t)].group;
 }
 
 [[nodiscard]] FAIRKV_HOST_DEVICE inline bool is_forced(const plan_params& p, std::int32_t t) noexcept {

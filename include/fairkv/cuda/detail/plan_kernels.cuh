@@ -9,6 +9,7 @@
 
 #include "fairkv/cuda/detail/params.cuh"
 #include "fairkv/cuda/detail/select.cuh"
+#include "fairkv/cuda/detail/tuning.cuh"
 #include "fairkv/detail/order.hpp"
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/selector.hpp"
@@ -79,9 +80,6 @@ __global__ void __launch_bounds__(select_threads)
   }
 }
 
-inline constexpr int emit_threads = 256;
-inline constexpr int emit_items = 16;
-inline constexpr std::int32_t emit_chunk = emit_threads * emit_items;  // tokens per block
 
 // The stable gather, in two launches so that a long row is spread over many blocks:
 // emit_count_kernel counts the kept tokens of every chunk of emit_chunk tokens, emit_write_kernel scans its

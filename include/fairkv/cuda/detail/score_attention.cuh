@@ -21,8 +21,10 @@
 #include <cstdint>
 
 #include "fairkv/cuda/detail/params.cuh"
+#include "fairkv/cuda/detail/tuning.cuh"
 #include "fairkv/detail/order.hpp"
 #include "fairkv/detail/paper_spans.hpp"
+#include "fairkv/detail/search.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/scorer.hpp"
 
@@ -56,22 +58,13 @@ struct attention_params {
   return a.paper && t >= a.spans.earlier_begin && t < a.spans.split;
 }
 
+// The regions tile [0, tokens) by their begins and the stats buffer by their row offsets, both ascending.
 [[nodiscard]] __device__ inline const attention_region& region_of_token(const attention_params& a, std::int32_t t) {
-  std::int32_t lo = 0, hi = a.n_regions - 1;
-  while (lo < hi) {
-    const std::int32_t mid = (lo + hi + 1) / 2;
-    if (a.regions[mid].begin <= t) lo = mid; else hi = mid - 1;
-  }
-  return a.regions[lo];
+  return a.regions[fairkv::detail::last_at_most(a.regions, a.n_regions, &attention_region::begin, t)];
 }
 
 [[nodiscard]] __device__ inline const attention_region& region_of_row(const attention_params& a, std::int32_t r) {
-  std::int32_t lo = 0, hi = a.n_regions - 1;
-  while (lo < hi) {
-    const std::int32_t mid = (lo + hi + 1) / 2;
-    if (a.regions[mid].row_offset <= r) lo = mid; else hi = mid - 1;
-  }
-  return a.regions[lo];
+  return a.regions[fairkv::detail::last_at_most(a.regions, a.n_regions, &attention_region::row_offset, r)];
 }
 
 template <class T, class Q>
@@ -84,7 +77,6 @@ template <class T, class Q>
   return scale * acc;
 }
 
-inline constexpr int attention_threads = 256;
 
 struct row_stat {
   float max, inv;  // softmax max (queries) and 1 / sum

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "fairkv/cuda/detail/launch.cuh"
+#include "fairkv/cuda/detail/tuning.cuh"
 #include "fairkv/detail/paper_spans.hpp"
 #include "fairkv/scorer.hpp"
 #include "fairkv/views/kv_view.hpp"
@@ -35,16 +36,15 @@ struct paper_streaming_position {
   }
 };
 
-inline constexpr int key_score_threads = 128;
-inline constexpr int key_score_smem_bytes = 40 * 1024;
-
 // Word pitch of one staged key row: one spare 32-bit word so that thread i reading row i hits bank i.
 [[nodiscard]] inline constexpr int staged_row_words(std::int64_t head_dim, std::int64_t elem_bytes) noexcept {
   return static_cast<int>((head_dim * elem_bytes + 3) / 4) + 1;
 }
+// Rows one block stages: as many as key_score_smem_bytes holds (at most one per thread), and at least one: a row
+// larger than that budget is staged alone, in the device's opt-in shared memory (launch.cuh).
 [[nodiscard]] inline constexpr int staged_rows(std::int64_t head_dim, std::int64_t elem_bytes) noexcept {
   const int r = key_score_smem_bytes / (4 * staged_row_words(head_dim, elem_bytes));
-  return r < key_score_threads ? r : key_score_threads;
+  return r < 1 ? 1 : (r < key_score_threads ? r : key_score_threads);
 }
 
 // One block scores `rows_per_block` consecutive tokens of one (batch, head): the rows are staged in shared

@@ -15,11 +15,11 @@
 #include <cstdint>
 
 #include "fairkv/cuda/detail/params.cuh"
+#include "fairkv/cuda/detail/tuning.cuh"
 #include "fairkv/detail/order.hpp"
 
 namespace fairkv::cuda::detail {
 
-inline constexpr int select_threads = 512;
 
 struct select_smem {
   using scan_t = cub::BlockScan<int, select_threads>;

@@ -19,13 +19,12 @@
 
 #include "fairkv/cuda/detail/params.cuh"
 #include "fairkv/cuda/detail/select.cuh"
+#include "fairkv/cuda/detail/tuning.cuh"
 #include "fairkv/detail/order.hpp"
 #include "fairkv/selector.hpp"
 
 namespace fairkv::cuda::detail {
 
-inline constexpr int split_threads = 256;
-inline constexpr std::int32_t split_slice = 4096;  // tokens per block and problem
 
 enum split_mode : int { split_radix = 0, split_keep_none = 1, split_keep_all = 2 };
 

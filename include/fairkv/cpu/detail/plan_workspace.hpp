@@ -1,0 +1,72 @@
+// The CPU planner's scratch, carved from the caller's workspace (detail/workspace_carver.hpp: one layout for the
+// size query and the run, 64-byte aligned buffers). Shapes are for one sequence at a time; max_tokens is the
+// longest sequence of the batch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fairkv/detail/workspace_carver.hpp"
+#include "fairkv/policy.hpp"
+#include "fairkv/segments.hpp"
+
+namespace fairkv::cpu::detail {
+
+struct run {
+  std::int64_t begin, end, group;  // [begin, end) belongs to `group`
+};
+
+using carver = fairkv::detail::workspace_carver<64>;
+
+struct plan_workspace {
+  float* scores = nullptr;         // [heads, max_tokens] the scores selection uses
+  float* global_scores = nullptr;  // [heads, max_tokens] whole-sequence scores (own allocation of a local scorer)
+  float* tmp = nullptr;            // [3 * max_tokens] attention scratch
+  float* mean_scores = nullptr;    // [max_tokens] head-mean scores (union)
+  std::uint64_t* keys = nullptr;   // [select_slots] selection keys
+  std::uint8_t* keep = nullptr;    // [select_slots] keep mask, per head for head_adaptive
+  std::uint8_t* forced = nullptr;  // [max_tokens] forced-token mask
+  std::int32_t* group_of = nullptr;  // [max_tokens]
+  run* runs = nullptr;             // [2 * segments + 1] maximal runs of one group
+  segment* sorted = nullptr;       // [segments] the caller's segments in position order
+  std::int64_t* sizes = nullptr;   // [groups]
+  std::int64_t* forced_n = nullptr;  // [groups]
+  std::int64_t* budgets = nullptr;   // [heads, groups]
+  std::int64_t* own = nullptr;       // [heads, groups]
+  std::int64_t* scratch = nullptr;   // [groups]
+};
+
+// Whether the policy scores segment-locally, and then also needs whole-sequence scores for its own allocation.
+template <class S, class A>
+inline constexpr bool scores_locally = A::segment_local && is_attention_source(S::source);
+template <class S, class A>
+inline constexpr bool separate_global_scores = scores_locally<S, A> && A::needs_own_allocation;
+
+template <class S, class Sel, class A>
+std::size_t layout(void* base, plan_workspace& w, std::int64_t heads, std::int64_t max_tokens,
+                   std::int64_t n_segments) noexcept {
+  carver c(base);
+  const auto L = static_cast<std::size_t>(max_tokens);
+  const auto H = static_cast<std::size_t>(heads);
+  const auto N = static_cast<std::size_t>(n_segments);
+  const std::size_t slots = Sel::kind == selection_kind::head_adaptive ? H * L : L;
+  c.carve(w.scores, H * L);
+  c.carve(w.global_scores, separate_global_scores<S, A> ? H * L : 0);
+  c.carve(w.tmp, 3 * L);
+  c.carve(w.mean_scores, L);
+  c.carve(w.keys, slots);
+  c.carve(w.keep, slots);
+  c.carve(w.forced, L);
+  c.carve(w.group_of, L);
+  c.carve(w.runs, 2 * N + 1);
+  c.carve(w.sorted, N);
+  c.carve(w.sizes, N + 1);
+  c.carve(w.forced_n, N + 1);
+  c.carve(w.budgets, H * (N + 1));
+  c.carve(w.own, H * (N + 1));
+  c.carve(w.scratch, N + 1);
+  if (!separate_global_scores<S, A>) w.global_scores = w.scores;
+  return c.bytes();
+}
+
+}  // namespace fairkv::cpu::detail

@@ -1,0 +1,199 @@
+// The CUDA planner's host side: the library's front end (detail/plan_front.hpp) turned into kernel parameters
+// (params.cuh, score_attention.cuh), plus the limits of this backend's fixed-capacity parameters and grids. Runs
+// once per planner::initialize; nothing here touches the device.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "fairkv/allocator.hpp"
+#include "fairkv/cuda/detail/params.cuh"
+#include "fairkv/cuda/detail/score_attention.cuh"
+#include "fairkv/cuda/detail/select_split.cuh"
+#include "fairkv/detail/plan_front.hpp"
+#include "fairkv/keep_plan.hpp"
+#include "fairkv/layer_inputs.hpp"
+#include "fairkv/policy.hpp"
+#include "fairkv/segments.hpp"
+#include "fairkv/status.hpp"
+
+namespace fairkv::cuda::detail {
+
+template <class K>
+inline constexpr bool is_dense_view_v = false;
+template <class T>
+inline constexpr bool is_dense_view_v<kv_view<const T>> = true;
+
+// What the CUDA backend cannot do that the CPU can: fixed capacities of plan_params, grid and index widths.
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result check_cuda_limits(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                                       std::span<const segment> segments,
+                                       std::span<const std::int32_t> whitelist) noexcept {
+  const std::int64_t batch = in.keys.batch, heads = in.keys.heads, L = in.keys.tokens;
+  if constexpr (A::needs_own_allocation) {
+    return result::error(status::not_supported,
+                         "allocator '%s' needs the plain policy's per-segment counts; the CUDA backend does not "
+                         "implement it (use fairkv::cpu::plan)",
+                         A::name);
+  }
+  if (segments.size() > static_cast<std::size_t>(max_segments))
+    return result::error(status::not_supported, "%zu segments were given; the CUDA backend supports at most %d",
+                         segments.size(), max_segments);
+  const std::int64_t protected_n =
+      fairkv::detail::protected_bound(fairkv::detail::protection_of(pol.allocator), L, segments);
+  if (static_cast<std::int64_t>(whitelist.size()) + protected_n > max_whitelist)
+    return result::error(status::not_supported,
+                         "a whitelist of %zu positions plus %lld sink and boundary tokens was given; the CUDA backend "
+                         "forces at most %d",
+                         whitelist.size(), static_cast<long long>(protected_n), max_whitelist);
+  const std::int64_t groups_bound = static_cast<std::int64_t>(segments.size()) + 1;
+  if (heads * groups_bound > max_budget_entries)
+    return result::error(status::not_supported,
+                         "%lld heads x %lld groups exceed the CUDA backend's %d budget entries",
+                         static_cast<long long>(heads), static_cast<long long>(groups_bound), max_budget_entries);
+  if (batch * heads > 65535)
+    return result::error(status::not_supported,
+                         "batch x heads = %lld exceeds the CUDA backend's grid limit of 65535 (batch, head) rows",
+                         static_cast<long long>(batch * heads));
+  if (batch * heads * groups_bound > 65535)
+    return result::error(status::not_supported,
+                         "batch x heads x groups = %lld exceeds the CUDA backend's grid limit of 65535 problems",
+                         static_cast<long long>(batch * heads * groups_bound));
+  if (in.q_heads() > 65535)
+    return result::error(status::not_supported, "%lld query heads exceed the CUDA backend's grid limit of 65535",
+                         static_cast<long long>(in.q_heads()));
+  // The selection kernels index tokens, slices and tie counts in 32 bits (head_adaptive: token x head pairs of
+  // one group); the CPU allows up to 2^32 / heads.
+  if (L > INT32_MAX - (INT64_C(1) << 20))
+    return result::error(status::not_supported, "%lld tokens exceed the CUDA backend's limit of 2^31 - 2^20",
+                         static_cast<long long>(L));
+  if (Sel::kind == selection_kind::head_adaptive && L * heads > INT32_MAX)
+    return result::error(status::not_supported,
+                         "head_adaptive over %lld tokens x %lld heads exceeds the CUDA backend's 2^31 - 1 candidates",
+                         static_cast<long long>(L), static_cast<long long>(heads));
+  return {};
+}
+
+// Scoring regions and the query rows each needs, one per run (or one for the whole sequence): the front end's
+// geometry (detail/plan_front/attention_geometry.hpp). fair_paper: its two widened spans are the runs and
+// SnapKV's window is split between them; its H2O is one region over the whole sequence (a.paper and a.spans are
+// set by the caller).
+template <class S, class A, class KeySource, class Q>
+[[nodiscard]] result build_attention(const S& scorer, const layer_inputs<KeySource, Q>& in, const plan_params& p,
+                                     attention_params& a) noexcept {
+  constexpr bool paper = fairkv::detail::is_paper_allocator_v<A>;
+  constexpr bool whole = !A::segment_local || (paper && S::source == score_source::observed_attention);
+  const std::int32_t L = p.tokens;
+  a.n_regions = whole ? 1 : p.n_runs;
+  a.q_heads = static_cast<std::int32_t>(in.q_heads());
+  a.group = a.q_heads / p.heads;
+  a.scale = in.scale != 0.f ? in.scale : 1.f / std::sqrt(static_cast<float>(in.keys.head_dim));
+  a.from_queries = in.queries.data != nullptr;
+  a.column_sums = !a.from_queries && in.attention == nullptr;
+  if constexpr (S::source == score_source::window_attention) {
+    a.window = scorer.window;
+    a.kernel = scorer.kernel;
+  }
+  std::int32_t offset = 0;
+  for (std::int32_t r = 0; r < a.n_regions; ++r) {
+    attention_region& g = a.regions[r];
+    g.begin = whole ? 0 : p.runs[r].begin;
+    g.end = whole ? L : p.runs[r].end;
+    std::int64_t window = fairkv::detail::region_window(scorer, g.end - g.begin);
+    if constexpr (paper && S::source == score_source::window_attention) {
+      const auto windows = fairkv::detail::paper_window_split(scorer.window, a.spans.split, L);
+      window = r == 0 ? windows.earlier : windows.later;
+    }
+    const auto geo = fairkv::detail::attention_geometry<S>(g.begin, g.end, window, paper, a.column_sums);
+    g.scored = static_cast<std::int32_t>(geo.scored);
+    g.rows = static_cast<std::int32_t>(geo.rows);
+    g.row_begin = static_cast<std::int32_t>(geo.row_begin);
+    g.row_offset = offset;
+    offset += g.rows;
+    // The CPU reports the first query position (in region order) that the inputs do not cover.
+    if (g.rows > 0 && a.from_queries && g.row_begin - (L - in.queries.tokens) < 0)
+      return result::error(status::missing_input,
+                           "scoring needs the query at position %lld but queries cover only the last %lld of %lld tokens",
+                           static_cast<long long>(g.row_begin), static_cast<long long>(in.queries.tokens),
+                           static_cast<long long>(L));
+    if (g.rows > 0 && !a.from_queries && !a.column_sums && g.row_begin - (L - in.attention_rows) < 0)
+      return result::error(status::missing_input,
+                           "scoring needs the attention row of position %lld but attention covers only the last %lld rows",
+                           static_cast<long long>(g.row_begin), static_cast<long long>(in.attention_rows));
+  }
+  a.total_rows = offset;
+  return {};
+}
+
+// The front end's steps for the one sequence length of a kv_view, into kernel parameters. `with_budgets` also
+// forces tokens and builds the checked budgets (the run; the size query, like the CPU's, does not look at the
+// whitelist budget).
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result build_params(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                                  std::span<const segment> segments, std::span<const std::int32_t> whitelist,
+                                  double ratio, bool with_budgets, plan_params& p, attention_params& a) noexcept {
+  static_assert(is_dense_view_v<KeySource>,
+                "fairkv::cuda::plan: the keys must be a kv_view<const T> (contiguous or strided); paged keys are "
+                "not supported by the CUDA planner (compact() does support paged views)");
+  namespace front = fairkv::detail;
+  std::int64_t min_tokens = 0, max_tokens = 0;  // dense views: one length for the whole batch
+  FAIRKV_TRY(front::validate_plan_request(pol, in, segments, whitelist, ratio, min_tokens, max_tokens));
+  FAIRKV_TRY(check_cuda_limits(pol, in, segments, whitelist));
+  const std::int64_t heads = in.keys.heads, L = in.keys.tokens;
+  p.batch = static_cast<std::int32_t>(in.keys.batch);
+  p.heads = static_cast<std::int32_t>(heads);
+  p.tokens = static_cast<std::int32_t>(L);
+  if constexpr (Sel::kind == selection_kind::head_adaptive) p.alpha = pol.selector.alpha_safeguard;
+
+  // ---- groups and runs; the split selection's slices per group ----
+  segment sorted[max_segments], widened[2];
+  front::sort_segments(segments, sorted);
+  const std::span<const segment> in_order(sorted, segments.size());
+  if constexpr (front::is_paper_allocator_v<A>) {
+    a.paper = true;
+    a.spans = front::paper_spans_of(in_order);
+  }
+  const front::grouping g = front::build_runs(front::grouping_segments<S, A>(in_order, L, widened), L, p.runs, p.sizes);
+  p.groups = static_cast<std::int32_t>(g.groups);
+  p.n_runs = static_cast<std::int32_t>(g.runs);
+  p.slice_begin[0] = 0;
+  for (std::int32_t i = 0; i < p.groups; ++i) p.slice_begin[i + 1] = p.slice_begin[i] + slices_of(p.sizes[i]);
+  if constexpr (is_attention_source(S::source)) FAIRKV_TRY((build_attention<S, A>(pol.scorer, in, p, a)));
+  if (!with_budgets) return {};
+
+  // ---- forced tokens as a sorted list: the whitelist sorted first, so its insertions are appends ----
+  std::int32_t wl[max_whitelist];
+  std::copy(whitelist.begin(), whitelist.end(), wl);
+  std::sort(wl, wl + whitelist.size());
+  const std::int64_t n_keep = keep_budget(L, ratio);
+  std::int64_t n_forced = 0;
+  p.n_forced = 0;
+  // Every sequence of a kv_view has the same length, so the CPU would report sequence 0 first.
+  FAIRKV_TRY(front::force_tokens({wl, whitelist.size()}, front::protection_of(pol.allocator), segments, L, n_keep, 0,
+                                 ratio, n_forced, [&](std::int64_t t) {
+                                   std::int32_t* end = p.forced + p.n_forced;
+                                   std::int32_t* at = std::lower_bound(p.forced, end, static_cast<std::int32_t>(t));
+                                   if (at != end && *at == t) return false;
+                                   std::copy_backward(at, end, end + 1);
+                                   *at = static_cast<std::int32_t>(t);
+                                   ++p.n_forced;
+                                   return true;
+                                 }));
+
+  // ---- budgets per (head, group), checked by the front end ----
+  std::int64_t sizes[max_groups] = {}, forced_n[max_groups] = {}, scratch[max_groups] = {};
+  std::int64_t budgets[max_budget_entries] = {};
+  for (std::int32_t i = 0; i < p.groups; ++i) sizes[i] = p.sizes[i];
+  for (std::int32_t i = 0; i < p.n_forced; ++i) ++forced_n[group_of(p, p.forced[i])];
+  const auto G = static_cast<std::size_t>(p.groups);
+  const allocation_context ctx{n_keep, heads, {sizes, G}, {forced_n, G}, {}, {scratch, G}};
+  FAIRKV_TRY(front::allocate_budgets(pol.allocator, ctx, {budgets, static_cast<std::size_t>(heads) * G}));
+  for (std::size_t i = 0; i < static_cast<std::size_t>(heads) * G; ++i) p.budgets[i] = static_cast<std::int32_t>(budgets[i]);
+  for (std::size_t i = 0; i < G; ++i) p.forced_n[i] = static_cast<std::int32_t>(forced_n[i]);
+  return {};
+}
+
+}  // namespace fairkv::cuda::detail

@@ -1,0 +1,179 @@
+// The CUDA planner as a handle in CUTLASS's shape, for engines that plan the same layer shape again and again
+// (every decode step, or a captured CUDA graph):
+//
+//   using planner = fairkv::cuda::planner<my_policy, fairkv::layer_inputs<fairkv::kv_view<const half>, half>>;
+//   const planner::arguments args{policy, inputs, segments, whitelist, ratio, plan_view};
+//   FAIRKV_TRY(planner::can_implement(args));            // host checks only, the CPU oracle's messages
+//   std::size_t bytes = 0;
+//   FAIRKV_TRY(planner::get_workspace_size(args, bytes));
+//   planner p;
+//   FAIRKV_TRY(p.initialize(args, d_workspace, bytes));  // the host front end, once: kernel parameters
+//   FAIRKV_TRY(p.run(stream));                           // launches only; run again for the same arguments
+//
+// initialize() runs the library's host front end (detail/plan_front.hpp) and builds every kernel parameter;
+// run() only launches, so it can be called once per step or captured into a graph, and replays redo no host
+// work. The handle keeps copies of the views and the parameters (about 11 KiB), not of the host segments and
+// whitelist: they are read only by initialize(). The free functions of cuda/plan.cuh are this handle, used once.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "fairkv/cuda/detail/launch.cuh"
+#include "fairkv/cuda/detail/launch_scores.cuh"
+#include "fairkv/cuda/detail/params.cuh"
+#include "fairkv/cuda/detail/plan_kernels.cuh"
+#include "fairkv/cuda/detail/plan_setup.cuh"
+#include "fairkv/cuda/detail/plan_workspace.cuh"
+#include "fairkv/cuda/detail/score_attention.cuh"
+#include "fairkv/cuda/detail/select_split.cuh"
+#include "fairkv/cuda/detail/tuning.cuh"
+#include "fairkv/cuda/detail/workspace.cuh"
+#include "fairkv/cuda/error.cuh"
+#include "fairkv/detail/plan_front.hpp"
+#include "fairkv/keep_plan.hpp"
+#include "fairkv/layer_inputs.hpp"
+#include "fairkv/policy.hpp"
+#include "fairkv/segments.hpp"
+#include "fairkv/status.hpp"
+
+namespace fairkv::cuda {
+
+// One plan request. `inputs` and `out` describe device memory; `segments` and `whitelist` are small host
+// arrays (detail/params.cuh states the limits).
+template <class Policy, class Inputs>
+struct plan_arguments {
+  Policy policy;
+  Inputs inputs;
+  std::span<const segment> segments{};
+  std::span<const std::int32_t> whitelist{};
+  double ratio = 0.0;
+  keep_plan_view out{};
+};
+
+template <class Policy, class Inputs>
+class planner {
+  static_assert(dependent_false<Policy>,
+                "fairkv::cuda::planner<Policy, Inputs>: Policy must be a fairkv::policy<S, Sel, A> and Inputs a "
+                "fairkv::layer_inputs<KeySource, Q>");
+};
+
+template <class S, class Sel, class A, class KeySource, class Q>
+class planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>> {
+ public:
+  using arguments = plan_arguments<policy<S, Sel, A>, layer_inputs<KeySource, Q>>;
+
+  // Every check a plan makes before its first launch, with the CPU oracle's statuses and messages: the request,
+  // this backend's limits, the output plan, and (for key rows above 48 KiB of shared memory) the device's
+  // opt-in limit. A success means run() will launch, device errors aside. Touches no device memory.
+  [[nodiscard]] static result can_implement(const arguments& args) noexcept {
+    detail::plan_params p;
+    detail::attention_params a;
+    FAIRKV_TRY(detail::build_params(args.policy, args.inputs, args.segments, args.whitelist, args.ratio, true, p, a));
+    FAIRKV_TRY(check_output(args));
+    return check_key_smem(args.inputs);
+  }
+
+  // The temp storage initialize() needs. Like the CPU's size query, it does not look at the whitelist budget.
+  [[nodiscard]] static result get_workspace_size(const arguments& args, std::size_t& bytes) noexcept {
+    detail::plan_params p;
+    detail::attention_params a;
+    detail::plan_workspace w;
+    FAIRKV_TRY(detail::build_params(args.policy, args.inputs, args.segments, args.whitelist, args.ratio, false, p, a));
+    bytes = detail::layout<S, Sel>(nullptr, w, p, a);
+    return {};
+  }
+
+  // Builds the kernel parameters and carves d_workspace (device memory of at least get_workspace_size bytes,
+  // which must outlive every run). Host work only, plus the key kernel's shared-memory opt-in when it needs one.
+  [[nodiscard]] result initialize(const arguments& args, void* d_workspace, std::size_t workspace_bytes) noexcept {
+    ready_ = false;
+    FAIRKV_TRY(detail::build_params(args.policy, args.inputs, args.segments, args.whitelist, args.ratio, true, p_, a_));
+    FAIRKV_TRY(fairkv::detail::check_workspace("temp_storage_bytes", workspace_bytes,
+                                               detail::layout<S, Sel>(nullptr, w_, p_, a_)));
+    FAIRKV_TRY(check_output(args));
+    if constexpr (S::source == score_source::keys) FAIRKV_TRY((detail::prepare_key_launch<S, T>(args.inputs.keys, keys_)));
+    if (d_workspace == nullptr) return result::error(status::null_pointer, "the temp storage is null");
+    detail::layout<S, Sel>(detail::align_base(d_workspace), w_, p_, a_);
+    scorer_.emplace(args.policy.scorer);
+    inputs_ = args.inputs;
+    out_ = args.out;
+    ready_ = true;
+    return {};
+  }
+
+  // Plans the layer on `stream`: launches only, each checked as it is made. No allocation, no host wait.
+  [[nodiscard]] result run(cudaStream_t stream = nullptr) const noexcept {
+    using namespace detail;
+    if (!ready_)
+      return result::error(status::invalid_argument, "fairkv::cuda::planner::run() before a successful initialize()");
+    const plan_params& p = p_;
+    const plan_workspace& w = w_;
+    FAIRKV_TRY((launch_scores<S, T, Q>(*scorer_, inputs_, p, a_, keys_, w, stream)));
+    const std::int64_t rows = static_cast<std::int64_t>(p.batch) * p.heads;
+    constexpr bool uni = Sel::kind == selection_kind::union_heads;
+    if constexpr (Sel::kind == selection_kind::per_head || uni) {
+      const float* sel_scores = w.scores;
+      if constexpr (uni) {
+        FAIRKV_TRY(launch(head_mean_kernel<>, grid_for(static_cast<std::int64_t>(p.batch) * p.tokens, elementwise_threads),
+                          elementwise_threads, 0, stream, w.scores, p.batch, p.heads, p.tokens, w.mean));
+        sel_scores = w.mean;
+      }
+      const std::int64_t problems = (uni ? p.batch : rows) * p.groups;
+      std::int32_t max_slices = 0;
+      for (std::int32_t g = 0; g < p.groups; ++g) max_slices = std::max(max_slices, slices_of(p.sizes[g]));
+      FAIRKV_CUDA_TRY(cudaMemsetAsync(w.states, 0, static_cast<std::size_t>(problems) * sizeof(split_state), stream));
+      const dim3 grid(static_cast<unsigned>(max_slices), static_cast<unsigned>(problems));
+      for (int pass = 0; pass < 4; ++pass)
+        FAIRKV_TRY(launch(split_hist_kernel<Sel::kind>, grid, split_threads, 0, stream, p, sel_scores, w.states,
+                          w.slice_hist, pass));
+      FAIRKV_TRY(launch(split_mark_kernel<Sel::kind>, grid, split_threads, 0, stream, p, sel_scores, w.states,
+                        w.slice_hist, w.keep));
+    } else if constexpr (Sel::kind == selection_kind::head_adaptive) {
+      FAIRKV_TRY(launch(select_kernel<selection_kind::head_adaptive>,
+                        dim3(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.groups)), select_threads, 0,
+                        stream, p, w.scores, w.keep));
+    } else {
+      static_assert(dependent_false<Sel>, "fairkv::cuda::planner: unknown selection_kind");
+    }
+    const dim3 emit_grid(static_cast<unsigned>((std::int64_t{p.tokens} + emit_chunk - 1) / emit_chunk),
+                         static_cast<unsigned>(rows));
+    FAIRKV_TRY(launch(emit_count_kernel<>, emit_grid, emit_threads, 0, stream, w.keep, p.heads, p.tokens, uni,
+                      w.chunk_counts));
+    return launch(emit_write_kernel<>, emit_grid, emit_threads, 0, stream, w.keep, p.heads, p.tokens, uni,
+                  w.chunk_counts, out_);
+  }
+
+ private:
+  using T = typename KeySource::value_type;
+
+  [[nodiscard]] static result check_output(const arguments& args) noexcept {
+    return fairkv::detail::check_output_plan(args.out, args.inputs.keys.batch, args.inputs.keys.heads,
+                                             args.inputs.keys.tokens);
+  }
+  // The key kernel's shared memory against the device's opt-in limit, without opting in.
+  [[nodiscard]] static result check_key_smem(const layer_inputs<KeySource, Q>& in) noexcept {
+    if constexpr (S::source == score_source::keys) {
+      const std::size_t bytes = static_cast<std::size_t>(detail::staged_rows(in.keys.head_dim, sizeof(T))) * 4u *
+                                static_cast<std::size_t>(detail::staged_row_words(in.keys.head_dim, sizeof(T)));
+      return detail::check_dynamic_smem(bytes, 0, "the key scoring kernel");
+    } else {
+      return {};
+    }
+  }
+
+  detail::plan_params p_{};
+  detail::attention_params a_{};
+  detail::plan_workspace w_{};
+  detail::key_launch keys_{};
+  std::optional<S> scorer_;  // a scorer need not be default-constructible
+  layer_inputs<KeySource, Q> inputs_{};
+  keep_plan_view out_{};
+  bool ready_ = false;
+};
+
+}  // namespace fairkv::cuda
