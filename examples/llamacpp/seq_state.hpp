@@ -233,12 +233,13 @@ inline bool check_f16(std::int32_t type, const char* which, std::uint32_t layer,
 [[nodiscard]] inline std::vector<std::uint8_t> write_seq_state(std::span<const std::uint8_t> bytes, const seq_state& src,
                                                                std::uint32_t kept,
                                                                std::span<const std::int32_t> positions) {
-  std::vector<std::uint8_t> out;
   const std::size_t k_bytes = std::size_t(kept) * src.k_row_bytes(), v_bytes = std::size_t(kept) * src.v_row_bytes();
-  out.reserve(24 + std::size_t(kept) * 12 + src.n_layer * (k_bytes + v_bytes + 32));
-  auto put = [&out](const void* p, std::size_t n) {
-    const auto* b = static_cast<const std::uint8_t*>(p);
-    out.insert(out.end(), b, b + n);
+  // The exact size, so the buffer is allocated once: header 16, cells 12 each, 8, per layer 12 + rows twice.
+  std::vector<std::uint8_t> out(16 + std::size_t(kept) * 12 + 8 + std::size_t(src.n_layer) * (24 + k_bytes + v_bytes));
+  std::size_t at = 0;
+  auto put = [&out, &at](const void* p, std::size_t n) {
+    std::memcpy(out.data() + at, p, n);
+    at += n;
   };
   const std::uint32_t one = 1, v_trans = src.v_trans ? 1 : 0;
   const std::int32_t f16 = ggml_type_f16;
