@@ -3,6 +3,7 @@
 // own knobs (--ctx, --flash-attn, --cache-type).
 #pragma once
 
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,8 +29,19 @@ struct option {
   void (*apply)(args& a, std::string_view name, const std::string& value);
 };
 
+// One of `names` (listed in the message otherwise): this program's own choices.
+inline std::string parse_choice(std::string_view option, std::string_view text,
+                                std::initializer_list<const char*> names) {
+  std::string list;
+  for (const char* n : names) {
+    if (text == n) return std::string(text);
+    list += (list.empty() ? "" : ", ") + std::string(n);
+  }
+  fail(option, "unknown '" + std::string(text) + "' (" + list + ")");
+}
+
 inline ggml_type parse_cache_type(std::string_view n, std::string_view v) {
-  const std::string t = llama::cli::parse_name(n, v, {"f16", "q8_0", "q4_0"});
+  const std::string t = parse_choice(n, v, {"f16", "q8_0", "q4_0"});
   return t == "f16" ? GGML_TYPE_F16 : t == "q8_0" ? GGML_TYPE_Q8_0 : GGML_TYPE_Q4_0;
 }
 
@@ -54,7 +66,7 @@ inline const std::vector<option>& options() {
        [](args& a, std::string_view, const std::string& v) { a.opt.users.push_back(v); }},
       {"--policy", "NAME", false, "none | knorm | streaming_llm | snapkv | tova | h2o   (default none)",
        [](args& a, std::string_view n, const std::string& v) {
-         a.opt.config.compress.policy = parse_name(n, v, {"none", "knorm", "streaming_llm", "snapkv", "tova", "h2o"});
+         a.opt.config.compress.policy = parse_name(n, v, llama::policy_name_error);
        }},
       {"--ratio", "R", false, "fraction of the system turn's KV cache to evict, in [0, 1)   (default 0)",
        [](args& a, std::string_view n, const std::string& v) { a.opt.config.compress.ratio = parse_ratio(n, v); }},
@@ -76,7 +88,7 @@ inline const std::vector<option>& options() {
       {"--selector", "NAME", false,
        "per_head | union   (default per_head; head_adaptive is refused: llama.cpp's cells are shared)",
        [](args& a, std::string_view n, const std::string& v) {
-         a.opt.config.compress.selector = parse_name(n, v, {"per_head", "union", "head_adaptive"});
+         a.opt.config.compress.selector = parse_name(n, v, llama::selector_name_error);
          if (v == "head_adaptive")
            fail(n, "head_adaptive gives every head its own count, but llama.cpp's cells are shared by all layers "
                    "and heads: use per_head or union");
@@ -93,7 +105,7 @@ inline const std::vector<option>& options() {
        [](args& a, std::string_view n, const std::string& v) { a.opt.context.threads = parse_threads(n, v); }},
       {"--flash-attn", "MODE", false, "auto | on | off   (default auto; off stores V transposed)",
        [](args& a, std::string_view n, const std::string& v) {
-         const std::string m = parse_name(n, v, {"auto", "on", "off"});
+         const std::string m = parse_choice(n, v, {"auto", "on", "off"});
          a.opt.context.flash_attn = m == "auto" ? -1 : m == "on" ? 1 : 0;
        }},
       {"--cache-type", "TYPE", false, "f16 | q8_0 | q4_0 K and V cache (default f16; quantised ones are refused "

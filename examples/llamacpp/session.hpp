@@ -82,7 +82,7 @@ inline std::string compress_in_engine(engine& eng, const llama::compress_request
   rep.cells_after = c.cells_after;
   rep.v_trans = c.v_trans;
   rep.run.window_used = c.window_used;
-  llama::detail::record_kept(rep.run, c.kept, eng.n_layer(), eng.n_head_kv());
+  llama::record_kept(rep.run, c.kept, eng.n_layer(), eng.n_head_kv());
   rep.kept_sets.assign(c.kept.kept.size(), {});
   for (size_t l = 0; l < c.kept.kept.size(); ++l)
     for (const auto& head : c.kept.kept[l]) {
@@ -111,7 +111,7 @@ inline prepared_system prepare_system(const engine& eng, const std::string& syst
   if (cfg.compress.fair)
     for (const llama::segment_info& s : p.segments) cfg.compress.segments.push_back({s.begin, s.end});
   if (cfg.compress.fair && p.segments.empty()) llama::detail::warn(warnings, "--fair: the system prompt has no segment");
-  cfg.compress.whitelist = llama::detail::whitelist_tokens(cfg.whitelist, p.parsed, p.turn, warnings);
+  cfg.compress.whitelist = llama::whitelist_tokens(cfg.whitelist, p.parsed, p.turn, warnings);
   return p;
 }
 
