@@ -98,7 +98,7 @@ void fairkv_policy(benchmark::State& state, S scorer) {
   fairkv::layer_inputs<fairkv::kv_view<const float>> in{l.kv().as_const()};
   if constexpr (S::source == fairkv::score_source::observed_attention) {
     in.attention_column_sums = l.colsum.data();
-    in.query_heads = kHeads * kGroup;
+    in.attention_q_heads = kHeads * kGroup;
   } else if constexpr (fairkv::is_attention_source(S::source)) {
     in.queries = fairkv::make_contiguous_view(l.q.data(), 1, kHeads * kGroup, 64, kDim).as_const();
   }

@@ -179,7 +179,8 @@ inline const std::vector<option>& options() {
          if (v.empty()) fail(n, "empty phrase");
          s.cfg().whitelist.push_back(v);
        }},
-      {"--selector", "NAME", true, false, "per_head | union | head_adaptive   (default per_head)",
+      {"--selector", "NAME", true, false,
+       "per_head | union_heads | head_adaptive   (default per_head; \"union\" is the older name)",
        [](state& s, std::string_view n, const std::string& v) {
          s.cfg().compress.selector = parse_name(n, v, selector_name_error);
        }},

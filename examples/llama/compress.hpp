@@ -23,7 +23,7 @@ struct compress_request {
   std::string policy = "none";         // none | knorm | streaming_llm | snapkv | tova | h2o
   double ratio = 0.0;                  // fraction evicted, in [0, 1)
   int window = 64;                     // snapkv observation window
-  std::string selector = "per_head";   // per_head | union | head_adaptive
+  std::string selector = "per_head";   // per_head | union_heads (or the older "union") | head_adaptive
   bool fair = false;                   // fair allocation over `segments`
   std::string fair_mode = "proportional";  // proportional (fairkv) | paper (the paper's two-span presses)
   int sinks = -1;                      // attention sinks kept under fair, [0, max_sinks]; -1: the mode's default (4, paper 0)

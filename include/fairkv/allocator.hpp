@@ -5,12 +5,19 @@
 // whitelisted tokens in each, and (if the allocator asks for it) how many tokens of each group the plain
 // policy would keep. The allocator writes budgets[h * groups + g]; the backend checks that every budget lies in
 // [forced[g], sizes[g]] and that each head's budgets sum to n_keep, so a user-written allocator cannot corrupt a plan.
+//
+// Required: the four `static constexpr bool` flags below, `static constexpr const char* name` (error messages name
+// the allocator) and `fairkv::result allocate(const allocation_context&, std::span<std::int64_t>) const`.
+// Optional, and open to user allocators: `allocators::protection protect` (sinks and segment boundaries forced like
+// the whitelist, allocators/protection.hpp). Reserved: `paper_spans`, which makes the planner rewrite the segments
+// and score them the paper's way; only allocators::fair_paper may declare it.
 #pragma once
 
 #include <concepts>
 #include <cstdint>
 #include <span>
 #include <type_traits>
+#include <utility>
 
 #include "fairkv/status.hpp"
 
@@ -26,14 +33,48 @@ struct allocation_context {
   [[nodiscard]] constexpr std::int64_t groups() const noexcept { return static_cast<std::int64_t>(sizes.size()); }
 };
 
+namespace allocators {
+struct fair_paper;     // the one allocator that declares paper_spans (allocators/fair_paper.hpp)
+struct protection;     // allocators/protection.hpp
+}  // namespace allocators
+
+namespace detail {
+
+// The planners branch on these flags with if constexpr, so each must be a constant bool.
 template <class A>
-concept SegmentAllocator = std::is_trivially_copyable_v<A> && std::is_standard_layout_v<A> && requires {
-  { A::uses_segments } -> std::convertible_to<bool>;         // takes the caller's segments
-  { A::uses_whitelist } -> std::convertible_to<bool>;        // takes forced positions
-  { A::segment_local } -> std::convertible_to<bool>;         // attention scorers score each segment alone
-  { A::needs_own_allocation } -> std::convertible_to<bool>;  // wants allocation_context::own
-} && requires(const A& a, const allocation_context& ctx, std::span<std::int64_t> budgets) {
-  { a.allocate(ctx, budgets) } -> std::same_as<result>;
+concept allocator_flags = requires {
+  typename std::bool_constant<A::uses_segments>;         // takes the caller's segments
+  typename std::bool_constant<A::uses_whitelist>;        // takes forced positions
+  typename std::bool_constant<A::segment_local>;         // attention scorers score each segment alone
+  typename std::bool_constant<A::needs_own_allocation>;  // wants allocation_context::own
 };
+
+// Each requirement on its own, so fairkv::policy can say which one a type misses (policy.hpp).
+template <class A>
+struct allocator_requirements {
+  static constexpr bool aggregate = std::is_trivially_copyable_v<A> && std::is_standard_layout_v<A>;
+  static constexpr bool flags = allocator_flags<A>;
+  static constexpr bool name = requires {
+    { A::name } -> std::convertible_to<const char*>;
+  };
+  static constexpr bool allocate =
+      requires(const A& a, const allocation_context& ctx, std::span<std::int64_t> budgets) {
+        { a.allocate(ctx, budgets) } -> std::same_as<result>;
+      };
+  static constexpr bool paper_spans_reserved = !requires { A::paper_spans; } || std::same_as<A, allocators::fair_paper>;
+  // A member named `protect` is read as the allocator's protection; one of another type would be ignored silently.
+  static constexpr bool protect_type = [] {
+    if constexpr (requires(const A& a) { a.protect; })
+      return std::same_as<std::remove_cvref_t<decltype(std::declval<const A&>().protect)>, allocators::protection>;
+    else
+      return true;
+  }();
+  static constexpr bool all = aggregate && flags && name && allocate && paper_spans_reserved && protect_type;
+};
+
+}  // namespace detail
+
+template <class A>
+concept SegmentAllocator = detail::allocator_requirements<A>::all;
 
 }  // namespace fairkv

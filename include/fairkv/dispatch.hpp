@@ -56,10 +56,10 @@ struct policy_spec {
 
 [[nodiscard]] inline result parse(std::string_view name, selection_kind& out) noexcept {
   if (name == "per_head") out = selection_kind::per_head;
-  else if (name == "union" || name == "union_heads") out = selection_kind::union_heads;
+  else if (name == "union_heads" || name == "union") out = selection_kind::union_heads;  // "union": the old name
   else if (name == "head_adaptive") out = selection_kind::head_adaptive;
   else
-    return result::error(status::invalid_argument, "unknown selector '%.*s' (per_head, union, head_adaptive)",
+    return result::error(status::invalid_argument, "unknown selector '%.*s' (per_head, union_heads, head_adaptive)",
                          static_cast<int>(name.size()), name.data());
   return {};
 }

@@ -9,6 +9,7 @@
 #include "fairkv/allocators/protection.hpp"
 #include "fairkv/allocators/uniform.hpp"
 #include "fairkv/allocators/whitelist.hpp"
+#include "fairkv/budget.hpp"
 #include "fairkv/cpu/compact.hpp"
 #include "fairkv/cpu/plan.hpp"
 #include "fairkv/cpu/rerotate.hpp"

@@ -3,29 +3,47 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "fairkv/status.hpp"
 
 namespace fairkv {
 
-// Non-owning, caller-allocated (the shape a GPU plan writes into).
-struct keep_plan_view {
-  std::int32_t* indices = nullptr;  // [batch * heads, capacity]; row r = b * heads + h, first counts[r] valid
-  std::int32_t* counts = nullptr;   // [batch * heads]
-  std::int32_t* lengths = nullptr;  // [batch] sequence length the plan was made for
+// Non-owning, caller-allocated (the shape a GPU plan writes into). Index is std::int32_t for a plan being written
+// (keep_plan_view, what the planners take) and const std::int32_t for one that is only read (const_keep_plan_view,
+// what compaction and validation take); a writable view converts to a read-only one, never the other way.
+template <class Index>
+struct basic_keep_plan_view {
+  static_assert(std::is_same_v<std::remove_const_t<Index>, std::int32_t>,
+                "basic_keep_plan_view<Index>: Index is std::int32_t or const std::int32_t");
+  Index* indices = nullptr;  // [batch * heads, capacity]; row r = b * heads + h, first counts[r] valid
+  Index* counts = nullptr;   // [batch * heads]
+  Index* lengths = nullptr;  // [batch] sequence length the plan was made for
   std::int64_t batch = 0;
   std::int64_t heads = 0;
-  std::int64_t capacity = 0;        // >= every lengths[b]
+  std::int64_t capacity = 0;  // >= every lengths[b]
 
   [[nodiscard]] constexpr std::int64_t rows() const noexcept { return batch * heads; }
-  [[nodiscard]] constexpr std::int32_t* row(std::int64_t b, std::int64_t h) const noexcept {
+  [[nodiscard]] constexpr Index* row(std::int64_t b, std::int64_t h) const noexcept {
     return indices + (b * heads + h) * capacity;
   }
   [[nodiscard]] constexpr std::int32_t count(std::int64_t b, std::int64_t h) const noexcept {
     return counts[b * heads + h];
   }
+  [[nodiscard]] constexpr basic_keep_plan_view<const std::int32_t> as_const() const noexcept {
+    return {indices, counts, lengths, batch, heads, capacity};
+  }
+  // Implicit so a plan just written can be handed to compaction as it is.
+  constexpr operator basic_keep_plan_view<const std::int32_t>() const noexcept  // NOLINT(google-explicit-constructor)
+    requires(!std::is_const_v<Index>)
+  {
+    return as_const();
+  }
 };
+
+using keep_plan_view = basic_keep_plan_view<std::int32_t>;
+using const_keep_plan_view = basic_keep_plan_view<const std::int32_t>;
 
 // Owning host plan (the CPU oracle's convenience type).
 class keep_plan {
@@ -42,9 +60,8 @@ class keep_plan {
   [[nodiscard]] keep_plan_view view() noexcept {
     return {indices_.data(), counts_.data(), lengths_.data(), batch_, heads_, capacity_};
   }
-  [[nodiscard]] keep_plan_view view() const noexcept {  // compaction only reads the plan
-    return {const_cast<std::int32_t*>(indices_.data()), const_cast<std::int32_t*>(counts_.data()),
-            const_cast<std::int32_t*>(lengths_.data()), batch_, heads_, capacity_};
+  [[nodiscard]] const_keep_plan_view view() const noexcept {
+    return {indices_.data(), counts_.data(), lengths_.data(), batch_, heads_, capacity_};
   }
   [[nodiscard]] std::int64_t batch() const noexcept { return batch_; }
   [[nodiscard]] std::int64_t heads() const noexcept { return heads_; }
@@ -68,7 +85,7 @@ class keep_plan {
 
 // Checks what compaction relies on before it writes anything: counts within the row's length, indices strictly
 // ascending and inside [0, length).
-[[nodiscard]] inline result validate(const keep_plan_view& p, const char* name) noexcept {
+[[nodiscard]] inline result validate(const_keep_plan_view p, const char* name) noexcept {
   if (p.indices == nullptr || p.counts == nullptr || p.lengths == nullptr)
     return result::error(status::null_pointer, "%s: indices, counts and lengths must be non-null", name);
   for (std::int64_t b = 0; b < p.batch; ++b) {

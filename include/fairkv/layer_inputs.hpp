@@ -23,11 +23,13 @@ struct layer_inputs {
   std::int64_t attention_ld = 0;     // leading dimension of `attention` and `attention_column_sums` (0 = tokens)
   const float* attention_column_sums = nullptr;  // [batch, q_heads, attention_ld]: sum over all causal queries
                                                  // of A[q, k] (what H2O accumulates during prefill)
-  std::int64_t query_heads = 0;      // q_heads when only attention is given (0: taken from queries)
+  std::int64_t attention_q_heads = 0;  // query heads of `attention` / `attention_column_sums` when no queries are
+                                       // given (ignored otherwise: the queries' own head count is used)
   float scale = 0.0f;                // softmax scale; 0 means 1 / sqrt(head_dim)
 
+  // The query heads the backends work with: the queries' own count when they are given, else attention_q_heads.
   [[nodiscard]] constexpr std::int64_t q_heads() const noexcept {
-    return queries.data != nullptr ? queries.heads : query_heads;
+    return queries.data != nullptr ? queries.heads : attention_q_heads;
   }
 };
 

@@ -2,11 +2,19 @@
 //
 // A scorer says what it needs through `static constexpr score_source source`; a backend supplies exactly that:
 //  - position:  `float operator()(token_info) const`             (nothing is read: e.g. StreamingLLM)
-//  - keys:      `float operator()(const key_row<T>&, token_info) const` for any element type T (e.g. K-Norm)
+//  - keys:      `float operator()(const key_row<T, C>&, token_info) const` for every element type T and both
+//               strides C (e.g. K-Norm)
 //  - window_attention / last_attention / observed_attention: the backend computes the attention statistic
 //    (SnapKV / TOVA / H2O semantics) from the window's queries and the cached keys, or takes the engine's
 //    attention weights; the scorer only carries its parameters (`window`, `kernel`).
-// Scorers are trivially copyable aggregates so they can be passed by value into GPU kernels.
+// position and keys are open: an engine adds its own scorer as a plain struct. The attention sources are a closed
+// set: the backends implement each statistic themselves and read nothing from the scorer but its parameters, so a
+// user type claiming one of them would silently get the built-in behaviour. Only scorers::snapkv, scorers::tova
+// and scorers::h2o may declare them; anything else fails the concept (and fairkv::policy says why).
+// Every scorer has a `static constexpr const char* name` (error messages and reports use it).
+// Scorers are trivially copyable aggregates so they can be passed by value into GPU kernels. The CUDA backend
+// calls a position or keys scorer's operator() in a kernel, so it must be marked FAIRKV_HOST_DEVICE there (nvcc
+// refuses a host-only call from device code; the CPU backend does not care). examples/custom_scorer shows both.
 #pragma once
 
 #include <concepts>
@@ -55,9 +63,27 @@ struct key_row {
   }
 };
 
+namespace scorers {  // the built-in attention scorers (scorers/*.hpp), named here to close the attention sources
+template <int Window, int Kernel>
+struct snapkv;
+struct tova;
+struct h2o;
+}  // namespace scorers
+
 namespace detail {
+
+// The one type allowed to declare each attention source.
+template <class S>
+inline constexpr bool is_builtin_attention_scorer_v = false;
+template <int Window, int Kernel>
+inline constexpr bool is_builtin_attention_scorer_v<scorers::snapkv<Window, Kernel>> = true;
+template <>
+inline constexpr bool is_builtin_attention_scorer_v<scorers::tova> = true;
+template <>
+inline constexpr bool is_builtin_attention_scorer_v<scorers::h2o> = true;
+
 template <class S, score_source Source>
-struct scorer_interface : std::true_type {};  // attention scorers: parameters are checked by the backend
+struct scorer_interface : std::true_type {};
 
 template <class S>
 struct scorer_interface<S, score_source::position>
@@ -65,14 +91,16 @@ struct scorer_interface<S, score_source::position>
         { s(i) } -> std::convertible_to<float>;
       }> {};
 
+// The backends pass a stride-1 row (key_row<T, true>) where the layout allows and a strided one elsewhere.
+template <class S, class T>
+concept key_scorer_for = requires(const S& s, key_row<T, true> contiguous, key_row<T, false> strided, token_info i) {
+  { s(contiguous, i) } -> std::convertible_to<float>;
+  { s(strided, i) } -> std::convertible_to<float>;
+};
+
 template <class S>
 struct scorer_interface<S, score_source::keys>
-    : std::bool_constant<requires(const S& s, key_row<float> rf, key_row<half_t> rh, key_row<bfloat16_t> rb,
-                                  token_info i) {
-        { s(rf, i) } -> std::convertible_to<float>;
-        { s(rh, i) } -> std::convertible_to<float>;
-        { s(rb, i) } -> std::convertible_to<float>;
-      }> {};
+    : std::bool_constant<key_scorer_for<S, float> && key_scorer_for<S, half_t> && key_scorer_for<S, bfloat16_t>> {};
 
 template <class S>
 struct scorer_interface<S, score_source::window_attention>
@@ -81,14 +109,39 @@ struct scorer_interface<S, score_source::window_attention>
         { s.kernel } -> std::convertible_to<std::int32_t>;
       }> {};
 
+// The planners branch on `source` with if constexpr, so it must be a constant expression.
 template <class S>
-concept has_source = requires {
-  { S::source } -> std::convertible_to<score_source>;
+concept has_source = requires { typename std::integral_constant<score_source, S::source>; };
+
+template <class S>
+concept has_name = requires {
+  { S::name } -> std::convertible_to<const char*>;
 };
+
+// Each requirement on its own, so fairkv::policy can say which one a type misses (policy.hpp).
+template <class S>
+struct scorer_requirements {
+  static constexpr bool aggregate = std::is_trivially_copyable_v<S> && std::is_standard_layout_v<S>;
+  static constexpr bool source = has_source<S>;
+  static constexpr bool name = has_name<S>;
+  static constexpr bool builtin_source = [] {
+    if constexpr (has_source<S>)
+      return !is_attention_source(S::source) || is_builtin_attention_scorer_v<S>;
+    else
+      return true;
+  }();
+  static constexpr bool interface = [] {
+    if constexpr (has_source<S>)
+      return scorer_interface<S, S::source>::value;
+    else
+      return true;
+  }();
+  static constexpr bool all = aggregate && source && name && builtin_source && interface;
+};
+
 }  // namespace detail
 
 template <class S>
-concept Scorer = std::is_trivially_copyable_v<S> && std::is_standard_layout_v<S> && detail::has_source<S> &&
-                 detail::scorer_interface<S, S::source>::value;
+concept Scorer = detail::scorer_requirements<S>::all;
 
 }  // namespace fairkv

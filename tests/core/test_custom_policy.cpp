@@ -88,7 +88,7 @@ TEST_CASE("dispatch turns runtime names into the compile-time policy they name")
     if constexpr (requires { pol.scorer.window; }) out << '/' << pol.scorer.window;
     return out.str();
   });
-  CHECK(name == "snapkv/union/fair_with_whitelist/16");
+  CHECK(name == "snapkv/union_heads/fair_with_whitelist/16");
   fairkv::scorer_kind s{};
   const fairkv::result bad = fairkv::parse("snap", s);
   CHECK(bad.code() == fairkv::status::invalid_argument);

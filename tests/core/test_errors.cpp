@@ -88,7 +88,7 @@ TEST_CASE("invalid views, shapes and inputs") {
   std::vector<float> sums(static_cast<std::size_t>(2 * c.L), 0.1f);
   layer_inputs<kv_view<const float>> in{c.kv().as_const()};
   in.attention_column_sums = sums.data();
-  in.query_heads = 2;
+  in.attention_q_heads = 2;
   expect_error(c, policy<scorers::h2o, selectors::per_head, allocators::fair>{}, in, {{0, 10}}, {}, 0.5,
                status::missing_input, "segment-local H2O");
   // Scorer and selector parameters.

@@ -79,7 +79,7 @@ void run_case(const golden_case& c, S scorer, bool compare_scores) {
   } else if (source == "attentions") {
     in.attention = c.attentions.data();
     in.attention_rows = L;
-    in.query_heads = Hq;
+    in.attention_q_heads = Hq;
   }
   std::vector<float> got(static_cast<std::size_t>(H * L));
   const result r = cpu::score(scorer, in, got.data(), L);

@@ -97,7 +97,7 @@ TEST_CASE("h2o: column sums of causal attention divided by the number of queries
   std::vector<float> sums = {13.f / 6, 7.f / 12, 0.25f};
   layer_inputs<kv_view<const float>> from_engine{make_contiguous_view(k.data(), 1, 1, 3, 1).as_const()};
   from_engine.attention_column_sums = sums.data();
-  from_engine.query_heads = 1;
+  from_engine.attention_q_heads = 1;
   const auto s2 = scores_of(scorers::h2o{}, from_engine);
   for (int t = 0; t < 3; ++t) CHECK(s2[t] == doctest::Approx(s[t]));
 }

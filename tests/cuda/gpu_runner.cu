@@ -36,7 +36,7 @@ struct device_plan {
   }
   result upload(const fairkv::keep_plan& p) {
     FAIRKV_TRY(allocate(p.batch(), p.heads(), p.capacity()));
-    const fairkv::keep_plan_view h = p.view();
+    const fairkv::const_keep_plan_view h = p.view();
     FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemcpy(indices.get(), h.indices, indices.bytes(), cudaMemcpyHostToDevice)));
     FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemcpy(counts.get(), h.counts, counts.bytes(), cudaMemcpyHostToDevice)));
     return fairkv::cuda::from_cuda(cudaMemcpy(lengths.get(), h.lengths, lengths.bytes(), cudaMemcpyHostToDevice));

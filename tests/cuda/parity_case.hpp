@@ -189,10 +189,10 @@ template <class T>
     } else if (c.attn == attention_input::rows) {
       in.attention = attention;
       in.attention_rows = c.tokens;
-      in.query_heads = c.q_heads;
+      in.attention_q_heads = c.q_heads;
     } else {
       in.attention_column_sums = column_sums;
-      in.query_heads = c.q_heads;
+      in.attention_q_heads = c.q_heads;
     }
   }
   return in;

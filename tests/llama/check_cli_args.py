@@ -86,7 +86,7 @@ def main():
     expect_error(base + ["--frobnicate"], "--frobnicate", "unknown option")
     # A bad name's message lists the valid ones (fairkv::parse's list for --policy and --selector).
     for opt, bad, listed in (("--policy", "lru", ["knorm", "snapkv", "h2o", "none"]),
-                             ("--selector", "perhead", ["per_head", "union", "head_adaptive"]),
+                             ("--selector", "perhead", ["per_head", "union_heads", "head_adaptive"]),
                              ("--fair-mode", "Paper", ["proportional", "paper"])):
         cases += 1
         rc, err = run(binary, base + [opt, bad])
@@ -101,7 +101,7 @@ def main():
              ["--boundary", "0"], ["--boundary", "1024", "--fair"], ["--fair-mode", "paper", "--fair"],
              ["--fair-mode", "proportional"], ["--policy", "none"],
              # --policy and --selector take what fairkv::parse takes, its aliases included.
-             ["--policy", "observed_attention"], ["--selector", "union_heads"],
+             ["--policy", "observed_attention"], ["--selector", "union_heads"], ["--selector", "union"],
              ["--system-file", good_file], ["--json", os.path.join(tmp, "out.json")], ["--allow-long-context"],
              ["--ratio", "0.5", "--config", "--ratio", "0.7", "--sinks", "8", "--fair", "--config", "--ratio", "0.2",
               "--boundary", "2", "--fair-mode", "paper", "--fair"]]

@@ -18,7 +18,7 @@ namespace fairkv::cpu {
 namespace detail {
 
 template <class Side>
-void move_rows(const keep_plan_view& plan, const Side& side) noexcept {
+void move_rows(const_keep_plan_view plan, const Side& side) noexcept {
   for (std::int64_t b = 0; b < plan.batch; ++b)
     for (std::int64_t h = 0; h < plan.heads; ++h) {
       const std::int32_t* idx = plan.row(b, h);
@@ -37,7 +37,7 @@ void move_rows(const keep_plan_view& plan, const Side& side) noexcept {
 }
 
 template <class View>
-[[nodiscard]] result check_extents(const keep_plan_view& plan, const View& v, const char* name) noexcept {
+[[nodiscard]] result check_extents(const_keep_plan_view plan, const View& v, const char* name) noexcept {
   if (v.batch != plan.batch || v.heads != plan.heads)
     return result::error(status::invalid_plan, "%s is [batch %lld, heads %lld] but the plan is [%lld, %lld]", name,
                          static_cast<long long>(v.batch), static_cast<long long>(v.heads),
@@ -52,7 +52,7 @@ template <class View>
 }  // namespace detail
 
 template <class T>
-[[nodiscard]] result compact(const keep_plan_view& plan, kv_view<T> keys, kv_view<T> values) noexcept {
+[[nodiscard]] result compact(const_keep_plan_view plan, kv_view<T> keys, kv_view<T> values) noexcept {
   static_assert(!std::is_const_v<T>, "fairkv::cpu::compact writes the cache: pass views of non-const elements");
   FAIRKV_TRY(validate(plan, "plan"));
   FAIRKV_TRY(validate(keys, "keys"));
@@ -71,7 +71,7 @@ template <class T>
 // Pages past the new length can be freed by the engine (see compacted_pages); head_adaptive plans leave ragged
 // per-head counts, the longest one decides.
 template <class T>
-[[nodiscard]] result compact(const keep_plan_view& plan, const paged_kv_view<T>& view) noexcept {
+[[nodiscard]] result compact(const_keep_plan_view plan, const paged_kv_view<T>& view) noexcept {
   static_assert(!std::is_const_v<T>, "fairkv::cpu::compact writes the cache: pass a view of non-const elements");
   FAIRKV_TRY(validate(plan, "plan"));
   FAIRKV_TRY(validate(view, "view"));
@@ -86,7 +86,7 @@ struct page_usage {
   std::int64_t pages = 0;
   std::int64_t last_page_len = 0;
 };
-[[nodiscard]] inline page_usage compacted_pages(const keep_plan_view& plan, std::int64_t b,
+[[nodiscard]] inline page_usage compacted_pages(const_keep_plan_view plan, std::int64_t b,
                                                 std::int64_t page_size) noexcept {
   std::int64_t longest = 0;
   for (std::int64_t h = 0; h < plan.heads; ++h) longest = longest > plan.count(b, h) ? longest : plan.count(b, h);

@@ -18,7 +18,7 @@ namespace fairkv::cpu {
 
 // `keys` is the view that was compacted (tokens = the plan's lengths); only slots [0, count) are touched.
 template <class T>
-[[nodiscard]] result rerotate_keys(const keep_plan_view& plan, kv_view<T> keys, const rope_params& rope) noexcept {
+[[nodiscard]] result rerotate_keys(const_keep_plan_view plan, kv_view<T> keys, const rope_params& rope) noexcept {
   static_assert(!std::is_const_v<T>, "fairkv::cpu::rerotate_keys writes the keys: pass a view of non-const elements");
   FAIRKV_TRY(validate(plan, "plan"));
   FAIRKV_TRY(validate(keys, "keys"));

@@ -64,7 +64,7 @@ inline void __device__ report(compact_state* st, int code, int a, int b, int c) 
 
 // One block per (batch, head) row. `tokens` < 0: take each sequence's length from the paged side.
 template <class Side>
-__global__ void validate_plan_kernel(keep_plan_view plan, Side side, std::int64_t tokens, compact_state* st) {
+__global__ void validate_plan_kernel(const_keep_plan_view plan, Side side, std::int64_t tokens, compact_state* st) {
   const std::int64_t row = blockIdx.x, b = row / plan.heads, h = row % plan.heads;
   const std::int64_t len = tokens >= 0 ? tokens : side.tokens_of(b);
   if (h == 0 && threadIdx.x == 0 && plan.lengths[b] != len)
@@ -123,7 +123,7 @@ struct unit_side {
 // grid = rows * chunks_per_row blocks, each takes the next ticket. flags [rows * chunks_per_row]
 template <class Unit, class SideK, class SideV>
 __global__ void __launch_bounds__(compact_threads)
-    compact_kernel(keep_plan_view plan, unit_side<Unit, SideK> k, unit_side<Unit, SideV> v, std::int32_t chunk,
+    compact_kernel(const_keep_plan_view plan, unit_side<Unit, SideK> k, unit_side<Unit, SideV> v, std::int32_t chunk,
                    std::int32_t units, std::int64_t chunks_per_row, compact_state* st, int* flags) {
   Unit* buf_k = dynamic_shared<Unit>();  // [chunk, units]
   Unit* buf_v = buf_k + static_cast<std::int64_t>(chunk) * units;  // [chunk, units]
@@ -228,7 +228,7 @@ template <class T, class Side>
 
 // Launches validation + compaction for sides K and V (same element type T).
 template <class T, class SideK, class SideV>
-[[nodiscard]] result launch_compact(void* d_temp, std::size_t& bytes, const keep_plan_view& plan, const SideK& k,
+[[nodiscard]] result launch_compact(void* d_temp, std::size_t& bytes, const_keep_plan_view plan, const SideK& k,
                                     const SideV& v, std::int64_t head_dim, std::int64_t tokens,
                                     cudaStream_t stream) noexcept {
   const std::int64_t row_bytes = head_dim * static_cast<std::int64_t>(sizeof(T));
@@ -279,7 +279,7 @@ template <class T, class SideK, class SideV>
                 w.state, w.flags);
 }
 
-[[nodiscard]] inline result check_plan_extents(const keep_plan_view& plan, std::int64_t batch, std::int64_t heads,
+[[nodiscard]] inline result check_plan_extents(const_keep_plan_view plan, std::int64_t batch, std::int64_t heads,
                                                const char* name) noexcept {
   if (plan.indices == nullptr || plan.counts == nullptr || plan.lengths == nullptr)
     return result::error(status::null_pointer, "plan: indices, counts and lengths must be non-null");
@@ -294,7 +294,7 @@ template <class T, class SideK, class SideV>
 
 // Dense or strided K and V (they may have different strides, e.g. transposed V). Two-phase temp storage.
 template <class T>
-[[nodiscard]] result compact(void* d_temp_storage, std::size_t& temp_storage_bytes, const keep_plan_view& plan,
+[[nodiscard]] result compact(void* d_temp_storage, std::size_t& temp_storage_bytes, const_keep_plan_view plan,
                              kv_view<T> keys, kv_view<T> values, cudaStream_t stream = nullptr) noexcept {
   static_assert(!std::is_const_v<T>, "fairkv::cuda::compact writes the cache: pass views of non-const elements");
   FAIRKV_TRY(detail::check_plan_extents(plan, keys.batch, keys.heads, "keys"));
@@ -316,7 +316,7 @@ template <class T>
 // Paged K and V: tokens move within each sequence's own pages; the page tables are device memory and are
 // validated on the device. Pages past the new (longest per-head) count can then be freed by the engine.
 template <class T>
-[[nodiscard]] result compact(void* d_temp_storage, std::size_t& temp_storage_bytes, const keep_plan_view& plan,
+[[nodiscard]] result compact(void* d_temp_storage, std::size_t& temp_storage_bytes, const_keep_plan_view plan,
                              const paged_kv_view<T>& view, cudaStream_t stream = nullptr) noexcept {
   static_assert(!std::is_const_v<T>, "fairkv::cuda::compact writes the cache: pass a view of non-const elements");
   FAIRKV_TRY(detail::check_plan_extents(plan, view.batch, view.heads, "view"));

@@ -1,11 +1,12 @@
-// Backend-independent pieces of the planners: the layer budget and the host-side checks of scorer parameters and
-// attention inputs. The CPU and CUDA backends both call these, so their statuses and messages are identical.
+// Backend-independent pieces of the planners: the host-side checks of the request, scorer parameters and attention
+// inputs. The CPU and CUDA backends both call these, so their statuses and messages are identical.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <span>
 
+#include "fairkv/budget.hpp"  // keep_budget, which the planners include through here
 #include "fairkv/detail/protected_tokens.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/policy.hpp"
@@ -14,15 +15,6 @@
 #include "fairkv/status.hpp"
 
 namespace fairkv {
-
-// The layer budget of a sequence of L tokens: floor(L * (1 - ratio)) as kvpress computes it (in double), and at
-// least one token so a high ratio never empties a head (kvpress PR #264).
-[[nodiscard]] constexpr std::int64_t keep_budget(std::int64_t tokens, double ratio) noexcept {
-  if (tokens <= 0) return 0;
-  const auto n = static_cast<std::int64_t>(static_cast<double>(tokens) * (1.0 - ratio));
-  return std::clamp<std::int64_t>(n, 1, tokens);
-}
-
 namespace detail {
 
 template <class S>
@@ -56,7 +48,8 @@ template <class S, class A, class KeySource, class Q>
                            S::name, S::source == score_source::observed_attention ? " or inputs.attention_column_sums" : "");
     const std::int64_t qh = in.q_heads();
     if (qh <= 0)
-      return result::error(status::invalid_shape, "inputs.query_heads must be positive when only attention is given");
+      return result::error(status::invalid_shape,
+                           "inputs.attention_q_heads must be positive when only attention is given");
     if (qh % in.keys.heads != 0)
       return result::error(status::invalid_shape,
                            "the %lld query heads are not a multiple of the %lld KV heads (GQA groups must be equal)",
