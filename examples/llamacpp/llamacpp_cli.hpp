@@ -76,9 +76,18 @@ inline const std::vector<option>& options() {
        }},
       {"--fair", "", false, "fair eviction: every segment keeps the same fraction",
        [](args& a, std::string_view, const std::string&) { a.opt.config.compress.fair = true; }},
-      {"--sinks", "N", false, "attention-sink tokens always kept under --fair, in [0, 1024] (default 4)",
+      {"--fair-mode", "MODE", false,
+       "proportional | paper   (default proportional; needs --fair; paper: two adjacent segments, widened)",
+       [](args& a, std::string_view n, const std::string& v) {
+         a.opt.config.compress.fair_mode = parse_name(n, v, llama::fair_mode_name_error);
+       }},
+      {"--sinks", "N", false, "attention-sink tokens always kept under --fair, in [0, 1024] (default 4; paper 0)",
        [](args& a, std::string_view n, const std::string& v) {
          a.opt.config.compress.sinks = parse_int(n, v, 0, llama::max_sinks);
+       }},
+      {"--boundary", "K", false, "first and last K tokens of every segment kept under --fair, in [0, 1024]",
+       [](args& a, std::string_view n, const std::string& v) {
+         a.opt.config.compress.boundary = parse_int(n, v, 0, llama::max_boundary);
        }},
       {"--whitelist", "PHRASE", true, "force-keep every token of each occurrence of PHRASE (repeatable)",
        [](args& a, std::string_view n, const std::string& v) {
@@ -161,7 +170,8 @@ inline args parse(int argc, const char* const* argv) {
   const auto given = [&](std::string_view n) { return std::find(seen.begin(), seen.end(), n) != seen.end(); };
   if (given("--system") && given("--system-file")) throw std::runtime_error("--system and --system-file: give one");
   if (a.opt.users.empty()) throw std::runtime_error("--user: at least one user turn is required (see --help)");
-  if (given("--sinks") && !a.opt.config.compress.fair) fail("--sinks", "applies to fair eviction: add --fair");
+  for (const char* n : {"--fair-mode", "--sinks", "--boundary"})
+    if (given(n) && !a.opt.config.compress.fair) fail(n, "applies to fair eviction: add --fair");
   return a;
 }
 

@@ -192,6 +192,9 @@ inline std::string to_json(const session_report& r) {
   s += "  \"model\": " + quote(run.model) + ",\n";
   s += "  \"policy\": " + quote(c.policy) + ", \"ratio\": " + number(c.ratio) + ", \"fair\": " +
        (c.fair ? "true" : "false") + ", \"selector\": " + quote(c.selector) + ",\n";
+  if (c.fair)
+    s += "  \"fair_mode\": " + quote(c.fair_mode) + ", \"sinks\": " + std::to_string(llama::sinks_of(c)) +
+         ", \"boundary\": " + std::to_string(c.boundary) + ",\n";
   s += "  \"whitelist\": " + llama::json::quote_list(run.options.whitelist) +
        ", \"whitelist_tokens\": " + std::to_string(c.whitelist.size()) + ",\n";
   s += "  \"system_tokens\": " + std::to_string(run.system_tokens) + ", \"n_layers\": " +

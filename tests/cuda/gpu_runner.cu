@@ -41,6 +41,31 @@ struct device_plan {
     FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemcpy(counts.get(), h.counts, counts.bytes(), cudaMemcpyHostToDevice)));
     return fairkv::cuda::from_cuda(cudaMemcpy(lengths.get(), h.lengths, lengths.bytes(), cudaMemcpyHostToDevice));
   }
+  result download(const host_case& c, fairkv::keep_plan& out) const {
+    out.resize(c.batch, c.heads, c.tokens);
+    const fairkv::keep_plan_view h = out.view();
+    FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemcpy(h.indices, indices.get(), indices.bytes(), cudaMemcpyDeviceToHost)));
+    FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemcpy(h.counts, counts.get(), counts.bytes(), cudaMemcpyDeviceToHost)));
+    return fairkv::cuda::from_cuda(cudaMemcpy(h.lengths, lengths.get(), lengths.bytes(), cudaMemcpyDeviceToHost));
+  }
+};
+
+// A planning case on the device: its scorer inputs and room for a plan of `tokens` slots per head.
+struct device_case {
+  device_buffer keys, queries, attention, sums;
+  device_plan plan;
+  result upload(const host_case& c) {
+    FAIRKV_TRY(keys.upload(c.k_bytes));
+    FAIRKV_TRY(queries.upload(c.queries));
+    FAIRKV_TRY(attention.upload(c.attention));
+    FAIRKV_TRY(sums.upload(c.column_sums));
+    return plan.allocate(c.batch, c.heads, c.tokens);
+  }
+  template <class T>
+  [[nodiscard]] auto inputs(const host_case& c) const {
+    return make_inputs<T>(c, keys.get<const T>(), queries.get<const float>(), attention.get<const float>(),
+                          sums.get<const float>());
+  }
 };
 
 }  // namespace
@@ -114,20 +139,14 @@ result gpu_plan_cpu_only(const host_case& c) {
 }
 
 result gpu_plan(const host_case& c, fairkv::keep_plan& out, bool graph) {
-  device_buffer keys, queries, attention, sums, temp;
-  FAIRKV_TRY(keys.upload(c.k_bytes));
-  FAIRKV_TRY(queries.upload(c.queries));
-  FAIRKV_TRY(attention.upload(c.attention));
-  FAIRKV_TRY(sums.upload(c.column_sums));
-  device_plan dp;
-  FAIRKV_TRY(dp.allocate(c.batch, c.heads, c.tokens));
-  const fairkv::keep_plan_view view = dp.view(c.batch, c.heads, c.tokens);
+  device_case d;
+  device_buffer temp;
+  FAIRKV_TRY(d.upload(c));
+  const fairkv::keep_plan_view view = d.plan.view(c.batch, c.heads, c.tokens);
   cudaStream_t stream = nullptr;
   FAIRKV_TRY(fairkv::cuda::from_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
   const result r = with_policy(c, [&](const auto& pol, auto tag) -> result {
-    using T = decltype(tag);
-    const auto in = make_inputs<T>(c, keys.get<const T>(), queries.get<const float>(), attention.get<const float>(),
-                                   sums.get<const float>());
+    const auto in = d.inputs<decltype(tag)>(c);
     std::size_t bytes = 0;
     FAIRKV_TRY(fairkv::cuda::plan(nullptr, bytes, pol, in, c.segments, c.whitelist, c.ratio, view, stream));
     FAIRKV_TRY(temp.allocate(bytes));
@@ -141,7 +160,7 @@ result gpu_plan(const host_case& c, fairkv::keep_plan& out, bool graph) {
     FAIRKV_TRY(inside);
     FAIRKV_TRY(ended);
     FAIRKV_TRY(fairkv::cuda::from_cuda(cudaGraphInstantiate(&exec, g, 0)));
-    FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemsetAsync(view.indices, 0xFF, dp.indices.bytes(), stream)));
+    FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemsetAsync(view.indices, 0xFF, d.plan.indices.bytes(), stream)));
     FAIRKV_TRY(fairkv::cuda::from_cuda(cudaGraphLaunch(exec, stream)));
     FAIRKV_TRY(fairkv::cuda::from_cuda(cudaGraphLaunch(exec, stream)));
     cudaGraphExecDestroy(exec);
@@ -152,36 +171,16 @@ result gpu_plan(const host_case& c, fairkv::keep_plan& out, bool graph) {
   cudaStreamDestroy(stream);
   FAIRKV_TRY(r);
   FAIRKV_TRY(synced);
-  out.resize(c.batch, c.heads, c.tokens);
-  const fairkv::keep_plan_view h = out.view();
-  FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemcpy(h.indices, dp.indices.get(), dp.indices.bytes(), cudaMemcpyDeviceToHost)));
-  FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemcpy(h.counts, dp.counts.get(), dp.counts.bytes(), cudaMemcpyDeviceToHost)));
-  return fairkv::cuda::from_cuda(cudaMemcpy(h.lengths, dp.lengths.get(), dp.lengths.bytes(), cudaMemcpyDeviceToHost));
+  return d.plan.download(c, out);
 }
-
-namespace {
-result download_plan(const host_case& c, const device_plan& dp, fairkv::keep_plan& out) {
-  out.resize(c.batch, c.heads, c.tokens);
-  const fairkv::keep_plan_view h = out.view();
-  FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemcpy(h.indices, dp.indices.get(), dp.indices.bytes(), cudaMemcpyDeviceToHost)));
-  FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemcpy(h.counts, dp.counts.get(), dp.counts.bytes(), cudaMemcpyDeviceToHost)));
-  return fairkv::cuda::from_cuda(cudaMemcpy(h.lengths, dp.lengths.get(), dp.lengths.bytes(), cudaMemcpyDeviceToHost));
-}
-}  // namespace
 
 result gpu_plan_handle(const host_case& c, fairkv::keep_plan& first, fairkv::keep_plan& second) {
-  device_buffer keys, queries, attention, sums, temp;
-  FAIRKV_TRY(keys.upload(c.k_bytes));
-  FAIRKV_TRY(queries.upload(c.queries));
-  FAIRKV_TRY(attention.upload(c.attention));
-  FAIRKV_TRY(sums.upload(c.column_sums));
-  device_plan dp;
-  FAIRKV_TRY(dp.allocate(c.batch, c.heads, c.tokens));
-  const fairkv::keep_plan_view view = dp.view(c.batch, c.heads, c.tokens);
+  device_case d;
+  device_buffer temp;
+  FAIRKV_TRY(d.upload(c));
+  const fairkv::keep_plan_view view = d.plan.view(c.batch, c.heads, c.tokens);
   return with_policy(c, [&](const auto& pol, auto tag) -> result {
-    using T = decltype(tag);
-    const auto in = make_inputs<T>(c, keys.get<const T>(), queries.get<const float>(), attention.get<const float>(),
-                                   sums.get<const float>());
+    const auto in = d.inputs<decltype(tag)>(c);
     using planner = fairkv::cuda::planner<std::decay_t<decltype(pol)>, std::decay_t<decltype(in)>>;
     const typename planner::arguments args{pol, in, c.segments, c.whitelist, c.ratio, view};
     FAIRKV_TRY(planner::can_implement(args));
@@ -191,11 +190,11 @@ result gpu_plan_handle(const host_case& c, fairkv::keep_plan& first, fairkv::kee
     planner p;
     FAIRKV_TRY(p.initialize(args, temp.get(), bytes));
     for (fairkv::keep_plan* out : {&first, &second}) {
-      FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemset(view.indices, 0xFF, dp.indices.bytes())));
-      FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemset(view.counts, 0xFF, dp.counts.bytes())));
+      FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemset(view.indices, 0xFF, d.plan.indices.bytes())));
+      FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemset(view.counts, 0xFF, d.plan.counts.bytes())));
       FAIRKV_TRY(p.run());
       FAIRKV_TRY(fairkv::cuda::from_cuda(cudaDeviceSynchronize()));
-      FAIRKV_TRY(download_plan(c, dp, *out));
+      FAIRKV_TRY(d.plan.download(c, *out));
     }
     return {};
   });

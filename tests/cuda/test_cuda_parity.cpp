@@ -187,6 +187,29 @@ bool same_plan(const fairkv::keep_plan& a, const fairkv::keep_plan& b, std::stri
   return true;
 }
 
+// Compacts copies of the case's K and V with `plan` on both backends: bit-identical bytes, including untouched
+// slots and padding.
+void check_compaction_parity(const host_case& c, const fairkv::keep_plan& plan) {
+  std::vector<unsigned char> ck = c.k_bytes, cv = c.v_bytes, gk = c.k_bytes, gv = c.v_bytes;
+  REQUIRE(cpu_compact(c, plan, ck, cv).ok());
+  const result gc = gpu_compact(c, plan, gk, gv);
+  REQUIRE_MESSAGE(gc.ok(), std::string(gc.message()));
+  CHECK(ck == gk);
+  CHECK(cv == gv);
+}
+
+// Plans an exact case (key or position scorer) on both backends, requires identical plans, then compacts with it.
+void check_exact_parity(const host_case& c, bool graph = false) {
+  fairkv::keep_plan want, got;
+  const result cr = cpu_plan(c, want);
+  REQUIRE_MESSAGE(cr.ok(), std::string(cr.message()));
+  const result gr = gpu_plan(c, got, graph);
+  REQUIRE_MESSAGE(gr.ok(), std::string(gr.message()));
+  std::string why;
+  CHECK_MESSAGE(same_plan(want, got, why), why);
+  check_compaction_parity(c, want);
+}
+
 // Runs an attention case on both backends. Dot products and exp differ from Eigen/libm in the last bits, so the
 // plans may differ by a few swaps of near-tied tokens (returns false); anything else fails. True: identical plans.
 bool attention_parity(const host_case& c) {
@@ -501,20 +524,7 @@ TEST_SUITE("cuda_parity") {
               if (s == scorer_id::streaming_llm && d != dtype_id::f32) continue;
               const host_case c = random_case(rng, s, sel, a, d);
               CAPTURE(c.name);
-              fairkv::keep_plan want, got;
-              const result cr = cpu_plan(c, want);
-              REQUIRE_MESSAGE(cr.ok(), std::string(cr.message()));
-              const result gr = gpu_plan(c, got, rep == 2 || (quick && cases % 5 == 0));
-              REQUIRE_MESSAGE(gr.ok(), std::string(gr.message()));
-              std::string why;
-              CHECK_MESSAGE(same_plan(want, got, why), why);
-              // Compaction with the plan: bit-identical K and V, including untouched slots and padding.
-              std::vector<unsigned char> ck = c.k_bytes, cv = c.v_bytes, gk = c.k_bytes, gv = c.v_bytes;
-              REQUIRE(cpu_compact(c, want, ck, cv).ok());
-              const result gc = gpu_compact(c, want, gk, gv);
-              REQUIRE_MESSAGE(gc.ok(), std::string(gc.message()));
-              CHECK(ck == gk);
-              CHECK(cv == gv);
+              check_exact_parity(c, rep == 2 || (quick && cases % 5 == 0));
               ++cases;
               paper += a == allocator_id::fair_paper ? 1 : 0;
             }
@@ -623,23 +633,13 @@ TEST_SUITE("cuda_parity") {
       std::memcpy(&c.k_bytes[i], &x, 4);
     }
     c.v_bytes = c.k_bytes;
-    fairkv::keep_plan want, got;
-    REQUIRE(cpu_plan(c, want).ok());
-    const result r = gpu_plan(c, got);
-    REQUIRE_MESSAGE(r.ok(), std::string(r.message()));
-    std::string why;
-    CHECK_MESSAGE(same_plan(want, got, why), why);
     // Compaction stages one K and one V row (128 KiB) per chunk: also above 48 KiB.
-    std::vector<unsigned char> ck = c.k_bytes, cv = c.v_bytes, gk = c.k_bytes, gv = c.v_bytes;
-    REQUIRE(cpu_compact(c, want, ck, cv).ok());
-    const result gc = gpu_compact(c, want, gk, gv);
-    REQUIRE_MESSAGE(gc.ok(), std::string(gc.message()));
-    CHECK(ck == gk);
-    CHECK(cv == gv);
+    check_exact_parity(c);
     // 60000 floats per row exceed every device's opt-in limit (227 KiB on H100): refused before any launch.
     c.head_dim = 60000;
     c.tokens = c.q_tokens = c.capacity = 2;
     c.k_bytes.assign(static_cast<std::size_t>(storage_elements(c) * 4), 0);
+    fairkv::keep_plan want, got;
     REQUIRE(cpu_plan(c, want).ok());
     const result big = gpu_can_implement(c);
     CHECK(big.code() == status::not_supported);
@@ -658,12 +658,7 @@ TEST_SUITE("cuda_parity") {
       const fairkv::keep_plan plan =
           random_plan(rng, c.batch, c.heads, std::vector<std::int64_t>(static_cast<std::size_t>(c.batch), c.tokens),
                       c.tokens + static_cast<std::int64_t>(i % 2));
-      std::vector<unsigned char> ck = c.k_bytes, cv = c.v_bytes, gk = c.k_bytes, gv = c.v_bytes;
-      REQUIRE(cpu_compact(c, plan, ck, cv).ok());
-      const result gc = gpu_compact(c, plan, gk, gv);
-      REQUIRE_MESSAGE(gc.ok(), std::string(gc.message()));
-      CHECK(ck == gk);
-      CHECK(cv == gv);
+      check_compaction_parity(c, plan);
     }
   }
 

@@ -18,6 +18,10 @@ for args, needle in [
     (["--user", "hi", "--policy", "magic"], "--policy: "),
     (["--user", "hi", "--cache-type", "q2"], "--cache-type: unknown 'q2'"),
     (["--user", "hi", "--sinks", "2"], "--sinks: applies to fair eviction"),
+    (["--user", "hi", "--fair-mode", "paper"], "--fair-mode: applies to fair eviction"),
+    (["--user", "hi", "--boundary", "2"], "--boundary: applies to fair eviction"),
+    (["--user", "hi", "--fair", "--fair-mode", "Paper"], "--fair-mode: unknown fair mode 'Paper'"),
+    (["--user", "hi", "--fair", "--boundary", "-1"], "--boundary: "),
     ([], "--user: at least one user turn"),
     (["--user", "hi", "--flash-attn", "maybe"], "--flash-attn: unknown 'maybe'"),
 ]:
@@ -62,6 +66,34 @@ with tempfile.TemporaryDirectory() as d:
             "timings": all(k in rep["timings_ms"] for k in ("prefill", "state_read", "plan_compact", "state_write", "state_load")),
         }
         failures += [f"flash-attn {fa}: {k}" for k, ok in checks.items() if not ok]
+
+    # The paper's two-span mode and boundary protection through llama.cpp's state: the report names them and every
+    # (layer, head) kept set obeys them.
+    system = "[[seg:rules]]Never reveal the code SAVE20 to anyone.\n[[seg:task]]You help ACME customers with their orders."
+    for extra, what in ((["--fair-mode", "paper"], "paper"), (["--boundary", "2"], "boundary")):
+        r = run("--system", system, "--user", "Hi", "--policy", "knorm", "--ratio", "0.5", "--fair", *extra,
+                "--max-new-tokens", "2", "--threads", "1", "--json", out)
+        if r.returncode != 0:
+            failures.append(f"{what} run failed: {r.stderr}")
+            continue
+        rep = json.load(open(out))
+        n, m, segs = rep["system_tokens"], rep["state"]["cells_after"], rep["segments"]
+        heads = [h for layer in rep["kept"] for h in layer]
+        if what == "paper":
+            split = segs[1]["begin"]  # spans widened to [0, split) and [split, n)
+            checks = {
+                "fields": rep["fair_mode"] == "paper" and rep["sinks"] == 0 and rep["boundary"] == 0,
+                "adjacent": segs[0]["end"] == split,
+                "split": all(sum(1 for t in h if t < split) == m * split // n for h in heads),
+            }
+        else:
+            ends = {t for g in segs for t in (g["begin"], g["begin"] + 1, g["end"] - 2, g["end"] - 1)}
+            checks = {
+                "fields": rep["fair_mode"] == "proportional" and rep["sinks"] == 4 and rep["boundary"] == 2,
+                "ends kept": all(ends <= set(h) for h in heads),
+                "sinks kept": all({0, 1, 2, 3} <= set(h) for h in heads),
+            }
+        failures += [f"{what}: {k}" for k, ok in checks.items() if not ok]
 
 print("\n".join(failures) if failures else "ok")
 sys.exit(1 if failures else 0)
