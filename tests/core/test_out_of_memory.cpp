@@ -22,13 +22,29 @@ namespace {
 thread_local std::size_t fail_above = 0;  // 0: every allocation is served
 }  // namespace
 
+// Every unaligned form is replaced, so that whatever pairs the standard library uses (std::stable_sort's temporary
+// buffer allocates with the nothrow form and frees with the plain one) allocate and free through the same malloc;
+// a partial replacement is an alloc-dealloc mismatch under AddressSanitizer. Aligned forms stay the runtime's.
 void* operator new(std::size_t n) {
   if (fail_above != 0 && n > fail_above) throw std::bad_alloc();
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
   throw std::bad_alloc();
 }
+void* operator new[](std::size_t n) { return ::operator new(n); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return ::operator new(n);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return ::operator new(n, t); }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 TEST_CASE("cpu::plan: a failed allocation of the plan or its scratch is status::out_of_memory") {
   using namespace fairkv;
