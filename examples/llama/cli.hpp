@@ -232,17 +232,23 @@ inline const std::vector<option>& options() {
   return table;
 }
 
-inline std::string usage() {
-  std::string out = "usage: fairkv-llama [options]   (a value that is out of range or malformed is an error)\n";
-  for (const option& o : options()) {
+// --help from an option table (any struct with name, arg and help strings): one aligned line per option, a help
+// text's own line breaks continued under its column. Shared by fairkv-llama and fairkv-llamacpp.
+template <class Options>
+std::string format_usage(std::string out, const Options& table) {
+  for (const auto& o : table) {
     std::string head = std::string("  ") + o.name + (*o.arg ? std::string(" ") + o.arg : "");
     head.resize(std::max<size_t>(head.size() + 2, 24), ' ');
     out += head;
     for (const char* c = o.help; *c; ++c) out += *c == '\n' ? std::string("\n") + std::string(24, ' ') : std::string(1, *c);
     out += "\n";
   }
-  out += "  -h, --help            this text\n";
-  return out;
+  return out + "  -h, --help            this text\n";
+}
+
+inline std::string usage() {
+  return format_usage("usage: fairkv-llama [options]   (a value that is out of range or malformed is an error)\n",
+                      options());
 }
 
 // Parses argv[1..argc): throws std::runtime_error naming the option on any invalid argument.

@@ -134,13 +134,8 @@ inline const std::vector<option>& options() {
 }
 
 inline std::string usage() {
-  std::string out = "usage: fairkv-llamacpp [options]   (fairkv over the unmodified llama.cpp's KV cache)\n";
-  for (const option& o : options()) {
-    std::string head = std::string("  ") + o.name + (*o.arg ? std::string(" ") + o.arg : "");
-    head.resize(std::max<size_t>(head.size() + 2, 24), ' ');
-    out += head + o.help + "\n";
-  }
-  return out + "  -h, --help            this text\n";
+  return llama::cli::format_usage(
+      "usage: fairkv-llamacpp [options]   (fairkv over the unmodified llama.cpp's KV cache)\n", options());
 }
 
 inline args parse(int argc, const char* const* argv) {
