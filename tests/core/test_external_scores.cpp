@@ -8,6 +8,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "fairkv/fairkv.hpp"
@@ -264,4 +265,38 @@ TEST_CASE("external scores: fairkv::dispatch names them 'external'") {
   fairkv::scorer_kind kind{};
   const result bad = fairkv::parse("externall", kind);
   CHECK(std::string(bad.message()).find("tova, h2o, external)") != std::string::npos);
+}
+
+TEST_CASE("external scores over a paged cache: ragged sequences read [0, tokens_of(b)) of the score rows") {
+  using namespace fairkv;
+  // Two sequences of 7 and 4 tokens in pages of 4 (NHD, 2 heads, head_dim 3); scores [2, 2, 7].
+  std::vector<float> k(8 * 4 * 2 * 3, 0.5f), v(8 * 4 * 2 * 3, 0.25f);
+  const std::vector<std::int32_t> indptr{0, 2, 3}, indices{5, 1, 6}, last{3, 4};
+  const auto paged = make_paged_view(page_layout::nhd, k.data(), v.data(), 8, 4, 2, 3, 2, indptr.data(),
+                                     indices.data(), last.data());
+  const std::vector<float> s = tied_scores(2 * 2 * 7, 21);
+  layer_inputs<paged_side<const float>> in{paged.keys()};
+  in.scores = make_contiguous_scores(s.data(), 2, 2, 7);
+  keep_plan plan;
+  REQUIRE(cpu::plan(policy{scorers::external{}, selectors::per_head{}, allocators::uniform{}}, in, {}, {}, 0.5, plan)
+              .ok());
+  for (std::int64_t b = 0; b < 2; ++b) {
+    const std::int64_t L = paged.tokens_of(b);
+    CHECK(plan.length(b) == L);
+    std::vector<int> all(static_cast<std::size_t>(L));
+    for (int t = 0; t < L; ++t) all[static_cast<std::size_t>(t)] = t;
+    for (std::int64_t h = 0; h < 2; ++h) {
+      const std::vector<float> row(s.begin() + (b * 2 + h) * 7, s.begin() + (b * 2 + h) * 7 + L);
+      CHECK(kept_of(plan, b, h) == reference_top(all, row, static_cast<int>(keep_budget(L, 0.5))));
+    }
+  }
+  // The score rows span the longest sequence, not more.
+  in.scores = make_contiguous_scores(s.data(), 2, 2, 6);
+  CHECK(cpu::plan(policy{scorers::external{}, selectors::per_head{}, allocators::uniform{}}, in, {}, {}, 0.5, plan)
+            .code() == status::invalid_shape);
+  // A paged pool without data is never a bare shape (only a dense kv_view is, through scores_only).
+  in.scores = make_contiguous_scores(s.data(), 2, 2, 7);
+  in.keys.data = nullptr;
+  CHECK(cpu::plan(policy{scorers::external{}, selectors::per_head{}, allocators::uniform{}}, in, {}, {}, 0.5, plan)
+            .code() == status::null_pointer);
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 
 #include "fairkv/budget.hpp"  // keep_budget, which the planners include through here
 #include "fairkv/detail/protected_tokens.hpp"
@@ -37,10 +38,23 @@ template <class S>
 // over (fairkv::scores_only): only its extents are used, and validate_external_inputs checks them.
 template <class S, class KeySource, class Q>
 [[nodiscard]] result validate_keys(const layer_inputs<KeySource, Q>& in) noexcept {
-  if constexpr (S::source == score_source::external && requires { in.keys.stride_dim; }) {
+  if constexpr (S::source == score_source::external &&
+                std::is_same_v<KeySource, kv_view<const typename KeySource::value_type>>) {
     if (in.keys.data == nullptr) return {};
   }
   return validate(in.keys, "inputs.keys");
+}
+
+// fair_paper computes the paper's own per-span statistics from keys and queries: external scores would be ignored.
+template <class S, class A>
+[[nodiscard]] result validate_score_source() noexcept {
+  if constexpr (is_paper_allocator_v<A> && S::source == score_source::external)
+    return result::error(status::invalid_argument,
+                         "allocator '%s' computes the paper's own per-span statistics from keys and queries and "
+                         "cannot take external scores (use fair or fair_with_whitelist with segment-local scores)",
+                         A::name);
+  else
+    return {};
 }
 
 // scorers::external's scores: present, a valid view, and one score per (sequence, KV head, token) of the keys.
@@ -137,12 +151,7 @@ template <class S, class Sel, class A, class KeySource, class Q>
     max_tokens = std::max(max_tokens, L);
     min_tokens = std::min(min_tokens, L);
   }
-  if constexpr (is_paper_allocator_v<A> && S::source == score_source::external) {
-    return result::error(status::invalid_argument,
-                         "allocator '%s' computes the paper's own per-span statistics from keys and queries and "
-                         "cannot take external scores (use fair or fair_with_whitelist with segment-local scores)",
-                         A::name);
-  }
+  FAIRKV_TRY((validate_score_source<S, A>()));
   if constexpr (!A::uses_segments) {
     if (!segments.empty())
       return result::error(status::invalid_argument,
