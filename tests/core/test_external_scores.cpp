@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "fairkv/fairkv.hpp"
@@ -272,8 +273,8 @@ TEST_CASE("external scores over a paged cache: ragged sequences read [0, tokens_
   // Two sequences of 7 and 4 tokens in pages of 4 (NHD, 2 heads, head_dim 3); scores [2, 2, 7].
   std::vector<float> k(8 * 4 * 2 * 3, 0.5f), v(8 * 4 * 2 * 3, 0.25f);
   const std::vector<std::int32_t> indptr{0, 2, 3}, indices{5, 1, 6}, last{3, 4};
-  const auto paged = make_paged_view(page_layout::nhd, k.data(), v.data(), 8, 4, 2, 3, 2, indptr.data(),
-                                     indices.data(), last.data());
+  const auto paged = make_paged_view(page_layout::nhd, std::as_const(k).data(), std::as_const(v).data(), 8, 4, 2, 3,
+                                     2, indptr.data(), indices.data(), last.data());
   const std::vector<float> s = tied_scores(2 * 2 * 7, 21);
   layer_inputs<paged_side<const float>> in{paged.keys()};
   in.scores = make_contiguous_scores(s.data(), 2, 2, 7);
