@@ -54,6 +54,10 @@ inline int sinks_of(const compress_request& r) {
 inline std::string policy_name_error(std::string_view name) {
   fairkv::scorer_kind kind{};
   if (name == "none") return {};
+  // fairkv's 'external' plans with scores its caller computed; the runner scores with fairkv's own scorers.
+  if (name == "external")
+    return "'external' takes scores computed outside fairkv, which the runner does not have (knorm, streaming_llm, "
+           "snapkv, tova, h2o, or 'none')";
   const fairkv::result r = fairkv::parse(name, kind);
   return r ? std::string() : std::string(r.message()) + ", or 'none' to compress nothing";
 }

@@ -12,6 +12,7 @@
 #include "fairkv/allocators/uniform.hpp"
 #include "fairkv/allocators/whitelist.hpp"
 #include "fairkv/policy.hpp"
+#include "fairkv/scorers/external.hpp"
 #include "fairkv/scorers/h2o.hpp"
 #include "fairkv/scorers/knorm.hpp"
 #include "fairkv/scorers/snapkv.hpp"
@@ -24,7 +25,8 @@
 
 namespace fairkv {
 
-enum class scorer_kind : std::uint8_t { knorm, streaming_llm, snapkv, tova, h2o };
+// external: the caller's scores (layer_inputs::scores), see scorers/external.hpp.
+enum class scorer_kind : std::uint8_t { knorm, streaming_llm, snapkv, tova, h2o, external };
 enum class allocator_kind : std::uint8_t { uniform, whitelist, fair, fair_with_whitelist, debias, fair_paper };
 
 struct policy_spec {
@@ -47,9 +49,10 @@ struct policy_spec {
   else if (name == "snapkv") out = scorer_kind::snapkv;
   else if (name == "tova") out = scorer_kind::tova;
   else if (name == "h2o" || name == "observed_attention") out = scorer_kind::h2o;
+  else if (name == "external") out = scorer_kind::external;
   else
     return result::error(status::invalid_argument,
-                         "unknown scorer '%.*s' (knorm, streaming_llm, snapkv, tova, h2o)",
+                         "unknown scorer '%.*s' (knorm, streaming_llm, snapkv, tova, h2o, external)",
                          static_cast<int>(name.size()), name.data());
   return {};
 }
@@ -126,6 +129,7 @@ decltype(auto) dispatch(const policy_spec& spec, F&& f) {
     }
     case scorer_kind::tova: return detail::dispatch_selector(spec, scorers::tova{}, f);
     case scorer_kind::h2o: return detail::dispatch_selector(spec, scorers::h2o{}, f);
+    case scorer_kind::external: return detail::dispatch_selector(spec, scorers::external{}, f);
     case scorer_kind::knorm: break;
   }
   return detail::dispatch_selector(spec, scorers::knorm{}, f);

@@ -20,6 +20,7 @@
 #include "fairkv/policy.hpp"
 #include "fairkv/rope.hpp"
 #include "fairkv/scorer.hpp"
+#include "fairkv/scorers/external.hpp"
 #include "fairkv/scorers/h2o.hpp"
 #include "fairkv/scorers/knorm.hpp"
 #include "fairkv/scorers/snapkv.hpp"

@@ -1,6 +1,6 @@
 // What a backend may read to score one layer: the cached keys, and for attention scorers either the window's
 // queries (the backend computes attention one query row at a time, never an L x L matrix) or attention the
-// engine already computed.
+// engine already computed; for scorers::external, the caller's own scores.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,7 @@
 
 #include "fairkv/views/kv_view.hpp"
 #include "fairkv/views/paged_kv_view.hpp"
+#include "fairkv/views/score_view.hpp"
 
 namespace fairkv {
 
@@ -26,6 +27,9 @@ struct layer_inputs {
   std::int64_t attention_q_heads = 0;  // query heads of `attention` / `attention_column_sums` when no queries are
                                        // given (ignored otherwise: the queries' own head count is used)
   float scale = 0.0f;                // softmax scale; 0 means 1 / sqrt(head_dim)
+  score_view scores{};               // [batch, kv_heads, tokens]: scorers::external's scores, higher = keep; batch
+                                     // and heads equal the keys', tokens the longest sequence (sequence b reads
+                                     // [0, tokens_of(b))). Read only by scorers::external, ignored otherwise.
 
   // The query heads the backends work with: the queries' own count when they are given, else attention_q_heads.
   [[nodiscard]] constexpr std::int64_t q_heads() const noexcept {
@@ -43,6 +47,24 @@ template <class T, class Q>
     kv_view<T> keys, kv_view<Q> queries) noexcept {
   layer_inputs<kv_view<const std::remove_const_t<T>>, std::remove_const_t<Q>> in{keys.as_const()};
   in.queries = queries.as_const();
+  return in;
+}
+
+// External scores over a cache: the keys give the shape (and are what compaction moves), the scores the order.
+template <class T>
+[[nodiscard]] constexpr layer_inputs<kv_view<const std::remove_const_t<T>>> with_scores(kv_view<T> keys,
+                                                                                        score_view scores) noexcept {
+  layer_inputs<kv_view<const std::remove_const_t<T>>> in{keys.as_const()};
+  in.scores = scores;
+  return in;
+}
+
+// External scores alone, for a caller that plans before (or without) handing fairkv its cache: the keys are a
+// shape with no data ([batch, heads, tokens] of the scores, head_dim 1), which only scorers::external accepts.
+// Compaction still takes the real K and V views.
+[[nodiscard]] constexpr layer_inputs<kv_view<const float>> scores_only(score_view scores) noexcept {
+  layer_inputs<kv_view<const float>> in{{nullptr, scores.batch, scores.heads, scores.tokens, 1, 0, 0, 0, 1}};
+  in.scores = scores;
   return in;
 }
 

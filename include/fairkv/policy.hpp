@@ -29,9 +29,10 @@ struct policy {
   static_assert(!scorer_check::aggregate || !scorer_check::source || !scorer_check::name ||
                     scorer_check::builtin_source,
                 "fairkv::policy<S, Sel, A>: S must satisfy fairkv::Scorer: the attention sources (window_attention, "
-                "last_attention, observed_attention) are computed by the backends themselves and are reserved for "
-                "the built-in fairkv::scorers::snapkv, tova and h2o; a user scorer declares source = keys or "
-                "position and computes its own score");
+                "last_attention, observed_attention) and external are filled by the backends themselves and are "
+                "reserved for the built-in fairkv::scorers::snapkv, tova, h2o and external; a user scorer declares "
+                "source = keys or position and computes its own score (scores computed elsewhere go through "
+                "fairkv::scorers::external and layer_inputs::scores)");
   static_assert(!scorer_check::aggregate || !scorer_check::source || !scorer_check::name ||
                     !scorer_check::builtin_source || scorer_check::interface,
                 "fairkv::policy<S, Sel, A>: S must satisfy fairkv::Scorer: for source == keys it needs "

@@ -7,10 +7,14 @@
 //  - window_attention / last_attention / observed_attention: the backend computes the attention statistic
 //    (SnapKV / TOVA / H2O semantics) from the window's queries and the cached keys, or takes the engine's
 //    attention weights; the scorer only carries its parameters (`window`, `kernel`).
-// position and keys are open: an engine adds its own scorer as a plain struct. The attention sources are a closed
-// set: the backends implement each statistic themselves and read nothing from the scorer but its parameters, so a
-// user type claiming one of them would silently get the built-in behaviour. Only scorers::snapkv, scorers::tova
-// and scorers::h2o may declare them; anything else fails the concept (and fairkv::policy says why).
+//  - external: the caller's own scores (layer_inputs::scores, views/score_view.hpp), read as they are; the
+//    backend computes nothing (scorers::external).
+// position and keys are open: an engine adds its own scorer as a plain struct. The attention sources and external
+// are a closed set: the backends implement each of them themselves and read nothing from the scorer but its
+// parameters, so a user type claiming one would silently get the built-in behaviour. Only scorers::snapkv,
+// scorers::tova, scorers::h2o and scorers::external may declare them; anything else fails the concept (and
+// fairkv::policy says why). An engine with its own scoring pipeline does not write a scorer: it passes its scores
+// through scorers::external.
 // Every scorer has a `static constexpr const char* name` (error messages and reports use it).
 // Scorers are trivially copyable aggregates so they can be passed by value into GPU kernels. The CUDA backend
 // calls a position or keys scorer's operator() in a kernel, so it must be marked FAIRKV_HOST_DEVICE there (nvcc
@@ -32,6 +36,7 @@ enum class score_source : std::uint8_t {
   window_attention,    // attention of the last `window` queries (SnapKV)
   last_attention,      // attention row of the last query, mean over all query heads (TOVA)
   observed_attention,  // attention accumulated over all causal queries, normalised by their count (H2O)
+  external,            // scores supplied by the caller, [batch, kv_heads, tokens] (scorers::external)
 };
 
 [[nodiscard]] constexpr bool is_attention_source(score_source s) noexcept {
@@ -63,24 +68,32 @@ struct key_row {
   }
 };
 
-namespace scorers {  // the built-in attention scorers (scorers/*.hpp), named here to close the attention sources
+// The sources the backends fill themselves, each reserved for its built-in scorer.
+[[nodiscard]] constexpr bool is_reserved_source(score_source s) noexcept {
+  return is_attention_source(s) || s == score_source::external;
+}
+
+namespace scorers {  // the built-in scorers of the reserved sources (scorers/*.hpp), named here to close them
 template <int Window, int Kernel>
 struct snapkv;
 struct tova;
 struct h2o;
+struct external;
 }  // namespace scorers
 
 namespace detail {
 
-// The one type allowed to declare each attention source.
+// The one type allowed to declare each reserved source.
 template <class S>
-inline constexpr bool is_builtin_attention_scorer_v = false;
+inline constexpr bool is_builtin_reserved_scorer_v = false;
 template <int Window, int Kernel>
-inline constexpr bool is_builtin_attention_scorer_v<scorers::snapkv<Window, Kernel>> = true;
+inline constexpr bool is_builtin_reserved_scorer_v<scorers::snapkv<Window, Kernel>> = true;
 template <>
-inline constexpr bool is_builtin_attention_scorer_v<scorers::tova> = true;
+inline constexpr bool is_builtin_reserved_scorer_v<scorers::tova> = true;
 template <>
-inline constexpr bool is_builtin_attention_scorer_v<scorers::h2o> = true;
+inline constexpr bool is_builtin_reserved_scorer_v<scorers::h2o> = true;
+template <>
+inline constexpr bool is_builtin_reserved_scorer_v<scorers::external> = true;
 
 template <class S, score_source Source>
 struct scorer_interface : std::true_type {};
@@ -126,7 +139,7 @@ struct scorer_requirements {
   static constexpr bool name = has_name<S>;
   static constexpr bool builtin_source = [] {
     if constexpr (has_source<S>)
-      return !is_attention_source(S::source) || is_builtin_attention_scorer_v<S>;
+      return !is_reserved_source(S::source) || is_builtin_reserved_scorer_v<S>;
     else
       return true;
   }();

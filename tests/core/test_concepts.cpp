@@ -40,6 +40,13 @@ struct user_claims_h2o {
   static constexpr fairkv::score_source source = fairkv::score_source::observed_attention;
   static constexpr const char* name = "user_claims_h2o";
 };
+// external scores are read by the backends from layer_inputs::scores; a user type claiming the source would
+// silently be given them instead of running its own operator().
+struct user_claims_external {
+  static constexpr fairkv::score_source source = fairkv::score_source::external;
+  static constexpr const char* name = "user_claims_external";
+  [[nodiscard]] float operator()(const fairkv::token_info&) const noexcept { return 0.f; }
+};
 struct user_claims_per_head {
   static constexpr fairkv::selection_kind kind = fairkv::selection_kind::per_head;
   static constexpr const char* name = "user_claims_per_head";
@@ -75,6 +82,8 @@ static_assert(!fairkv::Scorer<user_keys_nameless>);
 static_assert(!fairkv::Scorer<user_keys_float_only>);  // half_t and bfloat16_t rows would not compile in the planner
 static_assert(!fairkv::Scorer<user_claims_tova>);
 static_assert(!fairkv::Scorer<user_claims_h2o>);
+static_assert(!fairkv::Scorer<user_claims_external>);
+static_assert(fairkv::Scorer<fairkv::scorers::external>);
 static_assert(!fairkv::Selector<user_claims_per_head>);
 static_assert(!fairkv::SegmentAllocator<user_allocator_nameless>);
 static_assert(!fairkv::SegmentAllocator<user_allocator_paper>);

@@ -19,6 +19,7 @@
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/policy.hpp"
+#include "fairkv/scorers/external.hpp"
 #include "fairkv/scorers/h2o.hpp"
 #include "fairkv/scorers/knorm.hpp"
 #include "fairkv/scorers/snapkv.hpp"
@@ -30,6 +31,7 @@
 #include "fairkv/selectors/union_heads.hpp"
 #include "fairkv/views/kv_view.hpp"
 #include "fairkv/views/paged_kv_view.hpp"
+#include "fairkv/views/score_view.hpp"
 
 namespace fairkv_test {
 
@@ -45,7 +47,7 @@ struct first_element {
 };
 static_assert(fairkv::Scorer<first_element>);
 
-enum class scorer_id { knorm, first_element, streaming_llm, snapkv, tova, h2o };
+enum class scorer_id { knorm, first_element, streaming_llm, snapkv, tova, h2o, external };
 enum class selector_id { per_head, union_heads, head_adaptive };
 enum class allocator_id { uniform, whitelist, fair, fair_with_whitelist, debias, fair_paper };
 enum class dtype_id { f32, f16, bf16 };
@@ -76,7 +78,17 @@ struct host_case {
   std::vector<float> queries;                   // [batch, q_heads, q_tokens, head_dim]
   std::vector<float> attention;                 // [batch, q_heads, tokens (rows), tokens]
   std::vector<float> column_sums;               // [batch, q_heads, tokens]
+  std::vector<float> scores;                    // external: [batch, heads, tokens] or token-major [batch, tokens, heads]
+  bool scores_token_major = false;
+  std::int64_t score_tokens = 0;                // the scores view's tokens extent; 0: the cache's
 };
+
+// The external scores' view for a base pointer (host or device).
+[[nodiscard]] inline fairkv::score_view make_scores(const host_case& c, const float* base) {
+  const std::int64_t B = c.batch, H = c.heads, L = c.score_tokens != 0 ? c.score_tokens : c.tokens;
+  if (c.scores_token_major) return {base, B, H, L, L * H, 1, H};
+  return fairkv::make_contiguous_scores(base, B, H, L);
+}
 
 // The element view of K or V for a base pointer (host or device): the layout decides the strides.
 template <class T>
@@ -157,6 +169,7 @@ fairkv::result with_policy(const host_case& c, F&& f) {
     }
     case scorer_id::tova: return with_selector(scorers::tova{});
     case scorer_id::h2o: return with_selector(scorers::h2o{});
+    case scorer_id::external: return with_selector(scorers::external{});
   }
   return result::error(status::not_supported, "test: scorer");
 }
@@ -181,8 +194,10 @@ template <class T>
 template <class T>
 [[nodiscard]] fairkv::layer_inputs<fairkv::kv_view<const T>> make_inputs(const host_case& c, const T* keys,
                                                                           const float* queries, const float* attention,
-                                                                          const float* column_sums) {
+                                                                          const float* column_sums,
+                                                                          const float* scores = nullptr) {
   fairkv::layer_inputs<fairkv::kv_view<const T>> in{make_view(c, keys)};
+  if (c.scorer == scorer_id::external && scores != nullptr) in.scores = make_scores(c, scores);
   if (is_attention(c.scorer)) {
     if (c.attn == attention_input::queries) {
       in.queries = fairkv::make_contiguous_view(queries, c.batch, c.q_heads, c.q_tokens, c.head_dim);

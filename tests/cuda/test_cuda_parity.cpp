@@ -126,6 +126,11 @@ host_case random_case(std::mt19937& rng, scorer_id s, selector_id sel, allocator
           const float x = (s == scorer_id::first_element && e == 0 && rng() % 2) ? special_value(rng) : normal(rng);
           with_dtype(d, [&](auto tag) { store<decltype(tag)>(c, c.k_bytes, b, h, t, e, x); });
         }
+  if (s == scorer_id::external) {  // the caller's scores: ties, signed zeros, infinities and NaN included
+    c.scores_token_major = rng() % 2 != 0;
+    c.scores.resize(static_cast<std::size_t>(c.batch * c.heads * L));
+    for (float& x : c.scores) x = rng() % 3 == 0 ? special_value(rng) : normal(rng);
+  }
   if (attn) {
     c.queries.resize(static_cast<std::size_t>(c.batch * c.q_heads * c.q_tokens * c.head_dim));
     for (auto& x : c.queries) x = normal(rng);
@@ -158,7 +163,8 @@ result cpu_plan(const host_case& c, fairkv::keep_plan& out) {
   return with_policy(c, [&](const auto& pol, auto tag) -> result {
     using T = decltype(tag);
     const auto in = make_inputs<T>(c, reinterpret_cast<const T*>(c.k_bytes.data()), c.queries.data(),
-                                   c.attention.data(), c.column_sums.data());
+                                   c.attention.data(), c.column_sums.data(),
+                                   c.scores.empty() ? nullptr : c.scores.data());
     return fairkv::cpu::plan(pol, in, c.segments, c.whitelist, c.ratio, out);
   });
 }
@@ -252,7 +258,12 @@ fairkv::keep_plan random_plan(std::mt19937& rng, std::int64_t batch, std::int64_
   return p;
 }
 
-const scorer_id exact_scorers[] = {scorer_id::first_element, scorer_id::knorm, scorer_id::streaming_llm};
+const scorer_id exact_scorers[] = {scorer_id::first_element, scorer_id::knorm, scorer_id::streaming_llm,
+                                   scorer_id::external};
+// Scorers compiled for float keys only (parity_case.hpp's with_policy).
+[[nodiscard]] bool float_keys_only(scorer_id s) {
+  return is_attention(s) || s == scorer_id::streaming_llm || s == scorer_id::external;
+}
 const selector_id all_selectors[] = {selector_id::per_head, selector_id::union_heads, selector_id::head_adaptive};
 const allocator_id all_allocators[] = {allocator_id::uniform, allocator_id::whitelist, allocator_id::fair,
                                        allocator_id::fair_with_whitelist, allocator_id::fair_paper};
@@ -339,6 +350,18 @@ TEST_SUITE("cuda_host") {
            c.q_tokens = 36;
            c.queries.assign(static_cast<std::size_t>(c.batch * c.q_heads * c.q_tokens * c.head_dim), 0.5f);
          }},
+        {"external without scores", [](host_case& c) { c.scorer = scorer_id::external; }},
+        {"external scores shorter than the cache", [](host_case& c) {
+           c.scorer = scorer_id::external;
+           c.score_tokens = c.tokens - 1;
+           c.scores.assign(static_cast<std::size_t>(c.batch * c.heads * c.score_tokens), 1.f);
+         }},
+        {"external scores with fair_paper", [](host_case& c) {
+           c.scorer = scorer_id::external;
+           c.allocator = allocator_id::fair_paper;
+           c.segments = {{0, 10}, {10, 64}};
+           c.scores.assign(static_cast<std::size_t>(c.batch * c.heads * c.tokens), 1.f);
+         }},
         {"fair_paper H2O from column sums", [](host_case& c) {
            c.allocator = allocator_id::fair_paper;
            c.scorer = scorer_id::h2o;
@@ -385,10 +408,11 @@ TEST_SUITE("cuda_host") {
     std::mt19937 rng(11);
     int n = 0;
     for (const scorer_id s : {scorer_id::first_element, scorer_id::knorm, scorer_id::streaming_llm, scorer_id::snapkv,
-                              scorer_id::tova, scorer_id::h2o})
+                              scorer_id::tova, scorer_id::h2o, scorer_id::external})
       for (const selector_id sel : all_selectors)
         for (const allocator_id a : all_allocators) {
-          const dtype_id d = is_attention(s) || s == scorer_id::streaming_llm ? dtype_id::f32 : all_dtypes[rng() % 3];
+          if (s == scorer_id::external && a == allocator_id::fair_paper) continue;  // refused (mutations above)
+          const dtype_id d = float_keys_only(s) ? dtype_id::f32 : all_dtypes[rng() % 3];
           const host_case c = random_case(rng, s, sel, a, d);
           CAPTURE(c.name);
           fairkv::keep_plan cp;
@@ -403,7 +427,7 @@ TEST_SUITE("cuda_host") {
           CHECK(bytes >= static_cast<std::size_t>(c.batch * c.heads * c.tokens) * 4u);  // at least the scores
           ++n;
         }
-    CHECK(n == 6 * 3 * 5);
+    CHECK(n == 6 * 3 * 5 + 3 * 4);
   }
 
   TEST_CASE("cuda planner: can_implement refuses as the free function and the CPU oracle do") {
@@ -521,7 +545,8 @@ TEST_SUITE("cuda_parity") {
         for (const selector_id sel : all_selectors)
           for (const allocator_id a : all_allocators)
             for (const dtype_id d : all_dtypes) {
-              if (s == scorer_id::streaming_llm && d != dtype_id::f32) continue;
+              if (float_keys_only(s) && d != dtype_id::f32) continue;
+              if (s == scorer_id::external && a == allocator_id::fair_paper) continue;  // refused (cuda_host)
               const host_case c = random_case(rng, s, sel, a, d);
               CAPTURE(c.name);
               check_exact_parity(c, rep == 2 || (quick && cases % 5 == 0));

@@ -45,7 +45,7 @@ def main():
         "--window": ints + ["0", "-1", "1048577"],
         "--sinks": ints + ["-1", "1025"],
         "--boundary": ints + ["-1", "1025"],
-        "--policy": ["", "lru", "SnapKV", "snapkv "],
+        "--policy": ["", "lru", "SnapKV", "snapkv ", "external"],  # external: scores the runner does not have
         "--selector": ["", "perhead", "union "],
         "--fair-mode": ["", "fair", "Paper", "proportional "],
         "--whitelist": [""],

@@ -92,7 +92,7 @@ template <class S, class KeySource, class Q>
 [[nodiscard]] result score(const S& scorer, const layer_inputs<KeySource, Q>& in, float* scores,
                            std::int64_t ld) noexcept {
   static_assert(Scorer<S>, "fairkv::cpu::score: S must satisfy fairkv::Scorer");
-  FAIRKV_TRY(validate(in.keys, "inputs.keys"));
+  FAIRKV_TRY(fairkv::detail::validate_keys<S>(in));
   if (scores == nullptr) return result::error(status::null_pointer, "scores is null");
   std::int64_t max_tokens = 0, min_tokens = INT64_MAX;
   for (std::int64_t b = 0; b < in.keys.batch; ++b) {
@@ -105,6 +105,7 @@ template <class S, class KeySource, class Q>
     return result::error(status::invalid_shape, "ld = %lld is smaller than the longest sequence (%lld)",
                          static_cast<long long>(ld), static_cast<long long>(max_tokens));
   FAIRKV_TRY(fairkv::detail::validate_scorer(scorer));
+  FAIRKV_TRY(fairkv::detail::validate_external_inputs<S>(in, max_tokens));
   FAIRKV_TRY((fairkv::detail::validate_attention_inputs<S, allocators::uniform>(in, min_tokens, max_tokens)));
   try {
     std::vector<float> tmp(static_cast<std::size_t>(3 * max_tokens));

@@ -1,4 +1,4 @@
-// CPU scoring: every Scorer source, for one sequence and one scoring region [rb, re) at a time. Attention is
+// CPU scoring: every Scorer source (external scores are copied as they are), for one sequence and one scoring region [rb, re) at a time. Attention is
 // computed one query row at a time (O(region) memory, never L x L). Float rows with unit stride go through Eigen
 // maps of the engine's memory; other element types convert element by element.
 #pragma once
@@ -132,6 +132,10 @@ result score_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std::
   if constexpr (S::source == score_source::position) {
     for (std::int64_t h = 0; h < heads; ++h)
       for (std::int64_t t = rb; t < re; ++t) scores[h * ld + t] = scorer(token_info{t, L, h, b});
+    return {};
+  } else if constexpr (S::source == score_source::external) {
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t t = rb; t < re; ++t) scores[h * ld + t] = in.scores.at(b, h, t);
     return {};
   } else if constexpr (S::source == score_source::keys) {
     using T = typename KeySource::value_type;

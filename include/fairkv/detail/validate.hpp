@@ -1,10 +1,11 @@
 // Backend-independent pieces of the planners: the host-side checks of the request, scorer parameters and attention
-// inputs. The CPU and CUDA backends both call these, so their statuses and messages are identical.
+// inputs (attention or external scores). The CPU and CUDA backends both call these, so their statuses and messages are identical.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 
 #include "fairkv/budget.hpp"  // keep_budget, which the planners include through here
 #include "fairkv/detail/protected_tokens.hpp"
@@ -31,6 +32,50 @@ template <class S>
       return result::error(status::invalid_argument, "scorer.n_sink = %d must be non-negative", static_cast<int>(s.n_sink));
   }
   return {};
+}
+
+// The keys; under scorers::external a dense view without data is the shape of a cache the caller did not hand
+// over (fairkv::scores_only): only its extents are used, and validate_external_inputs checks them.
+template <class S, class KeySource, class Q>
+[[nodiscard]] result validate_keys(const layer_inputs<KeySource, Q>& in) noexcept {
+  if constexpr (S::source == score_source::external &&
+                std::is_same_v<KeySource, kv_view<const typename KeySource::value_type>>) {
+    if (in.keys.data == nullptr) return {};
+  }
+  return validate(in.keys, "inputs.keys");
+}
+
+// fair_paper computes the paper's own per-span statistics from keys and queries: external scores would be ignored.
+template <class S, class A>
+[[nodiscard]] result validate_score_source() noexcept {
+  if constexpr (is_paper_allocator_v<A> && S::source == score_source::external)
+    return result::error(status::invalid_argument,
+                         "allocator '%s' computes the paper's own per-span statistics from keys and queries and "
+                         "cannot take external scores (use fair or fair_with_whitelist with segment-local scores)",
+                         A::name);
+  else
+    return {};
+}
+
+// scorers::external's scores: present, a valid view, and one score per (sequence, KV head, token) of the keys.
+// Their values are not inspected: NaN and infinities are ordered like every score (scorers/external.hpp).
+template <class S, class KeySource, class Q>
+[[nodiscard]] result validate_external_inputs(const layer_inputs<KeySource, Q>& in, std::int64_t max_tokens) noexcept {
+  if constexpr (S::source != score_source::external) {
+    return {};
+  } else {
+    if (in.scores.data == nullptr)
+      return result::error(status::missing_input, "scorer '%s' needs the caller's scores (inputs.scores)", S::name);
+    FAIRKV_TRY(validate(in.scores, "inputs.scores"));
+    if (in.scores.batch != in.keys.batch || in.scores.heads != in.keys.heads || in.scores.tokens != max_tokens)
+      return result::error(status::invalid_shape,
+                           "inputs.scores is [batch %lld, heads %lld, tokens %lld] but the keys are [batch %lld, "
+                           "heads %lld, tokens %lld]",
+                           static_cast<long long>(in.scores.batch), static_cast<long long>(in.scores.heads),
+                           static_cast<long long>(in.scores.tokens), static_cast<long long>(in.keys.batch),
+                           static_cast<long long>(in.keys.heads), static_cast<long long>(max_tokens));
+    return {};
+  }
 }
 
 template <class S, class A, class KeySource, class Q>
@@ -86,14 +131,14 @@ template <class S, class A, class KeySource, class Q>
 
 // Everything a planner checks before it touches any memory, in one order for every backend: ratio, keys,
 // sequence lengths (returned in min_tokens / max_tokens), segments and whitelist against what the allocator
-// uses, scorer and selector parameters, attention inputs.
+// uses, scorer and selector parameters, external scores, attention inputs.
 template <class S, class Sel, class A, class KeySource, class Q>
 [[nodiscard]] result validate_plan_request(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
                                            std::span<const segment> segments, std::span<const std::int32_t> whitelist,
                                            double ratio, std::int64_t& min_tokens, std::int64_t& max_tokens) noexcept {
   if (!(ratio >= 0.0 && ratio < 1.0))
     return result::error(status::invalid_argument, "ratio = %g is outside [0, 1)", ratio);
-  FAIRKV_TRY(validate(in.keys, "inputs.keys"));
+  FAIRKV_TRY(validate_keys<S>(in));
   max_tokens = 0;
   min_tokens = INT64_MAX;
   for (std::int64_t b = 0; b < in.keys.batch; ++b) {
@@ -106,6 +151,7 @@ template <class S, class Sel, class A, class KeySource, class Q>
     max_tokens = std::max(max_tokens, L);
     min_tokens = std::min(min_tokens, L);
   }
+  FAIRKV_TRY((validate_score_source<S, A>()));
   if constexpr (!A::uses_segments) {
     if (!segments.empty())
       return result::error(status::invalid_argument,
@@ -138,6 +184,7 @@ template <class S, class Sel, class A, class KeySource, class Q>
       return result::error(status::invalid_argument, "selector.alpha_safeguard = %g is outside [0, 1]",
                            static_cast<double>(pol.selector.alpha_safeguard));
   }
+  FAIRKV_TRY(validate_external_inputs<S>(in, max_tokens));
   return validate_attention_inputs<S, A>(in, min_tokens, max_tokens);
 }
 

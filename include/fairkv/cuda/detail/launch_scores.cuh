@@ -1,4 +1,4 @@
-// The CUDA planner's scoring launches, per score source: position scores, key rows staged in shared memory
+// The CUDA planner's scoring launches, per score source: position scores, the caller's scores (external), key rows staged in shared memory
 // (opting in to more than 48 KiB for rows that need it), or the attention pipeline (statistics, accumulation,
 // finalisation, padding). Each launch is checked as it is made (launch.cuh).
 #pragma once
@@ -67,6 +67,9 @@ template <class S, class T, class Q>
       if (a.paper) return positions(paper_streaming_position{a.spans.split, std::min<std::int64_t>(scorer.n_sink, p.tokens)});
     }
     return positions(scorer);
+  } else if constexpr (S::source == score_source::external) {
+    return launch(score_external_kernel<>, grid_for(rows * p.tokens, elementwise_threads), elementwise_threads, 0,
+                  stream, in.scores, p.batch, p.heads, p.tokens, w.scores);
   } else if constexpr (S::source == score_source::keys) {
     const dim3 grid(static_cast<unsigned>((std::int64_t{p.tokens} + keys.per_block - 1) / keys.per_block),
                     static_cast<unsigned>(rows));

@@ -1,5 +1,5 @@
-// Scoring kernels for the scorers that read nothing (position, fair_paper's StreamingLLM ramps) or one key row at a
-// time (keys, e.g. K-Norm).
+// Scoring kernels for the scorers that read nothing (position, fair_paper's StreamingLLM ramps), one key row at a
+// time (keys, e.g. K-Norm), or the caller's own scores (external).
 // The scorer's own operator() runs on the device, so GPU and CPU evaluate the same float expression; with
 // nvcc's -fmad=false (see docs/cuda-backend.md) the scores are bit-identical to the CPU oracle's.
 #pragma once
@@ -11,6 +11,7 @@
 #include "fairkv/detail/paper_spans.hpp"
 #include "fairkv/scorer.hpp"
 #include "fairkv/views/kv_view.hpp"
+#include "fairkv/views/score_view.hpp"
 
 namespace fairkv::cuda::detail {
 
@@ -23,6 +24,20 @@ __global__ void score_position_kernel(S scorer, std::int32_t batch, std::int32_t
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t row = i / tokens, t = i % tokens;
     scores[i] = scorer(token_info{t, tokens, row % heads, row / heads});
+  }
+}
+
+// The caller's scores (scorers::external) gathered from their strided view into the planner's dense rows, as they
+// are: the CPU oracle copies the same floats, so the plans are bit-identical.
+// scores [batch * heads, tokens]. A template for the reason plan_kernels.cuh gives (one definition per program).
+template <int = 0>
+__global__ void score_external_kernel(score_view in, std::int32_t batch, std::int32_t heads, std::int32_t tokens,
+                                             float* scores) {
+  const std::int64_t total = static_cast<std::int64_t>(batch) * heads * tokens;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t row = i / tokens, t = i % tokens;
+    scores[i] = in.at(row / heads, row % heads, t);
   }
 }
 
