@@ -19,6 +19,9 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFAIRKV_ENABLE_CUDA=$cuda -DF
 cmake --build "$BUILD" -j"${FAIRKV_JOBS:-2}"
 ctest --test-dir "$BUILD" --output-on-failure
 
+# The Python package (pyproject.toml) and its numpy, torch and kvpress tests, in their own virtual environment.
+if [[ "${FAIRKV_PYTHON:-ON}" != "OFF" ]]; then bash scripts/test_python.sh; fi
+
 # Once more under AddressSanitizer + UndefinedBehaviorSanitizer, CPU only, in its own build folder: engine views are
 # hostile input (issue 10), and the misuse suite and view fuzz of the core tests size their buffers exactly, so any
 # access outside a view is an error here. Only the two test programs are built (measured: 21 CPU-minutes, so about

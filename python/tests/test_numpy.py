@@ -1,0 +1,226 @@
+"""fairkv.plan / fairkv.compact over numpy arrays, against independent numpy references."""
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import fairkv
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def indexed_cache(batch, heads, tokens, dim, dtype=np.float32):
+    """K and V whose rows encode (head, token), so that compaction can be checked row by row."""
+    k = np.empty((batch, heads, tokens, dim), dtype=dtype)
+    for h in range(heads):
+        for t in range(tokens):
+            k[:, h, t, :] = h * 1000 + t
+    v = -k
+    return k, v
+
+
+def largest_remainder_ok(counts, sizes, n_keep):
+    """The largest-remainder split, checked by its definition (independent of how ties are broken): each group
+    gets floor(share) or floor(share) + 1, the sum is n_keep, and no group that got +1 has a smaller remainder
+    than one that did not."""
+    total = sum(sizes)
+    shares = [n_keep * s / total for s in sizes]
+    floors = [int(np.floor(n_keep * s // total)) for s in sizes]
+    assert sum(counts) == n_keep
+    up = []
+    for c, f in zip(counts, floors):
+        assert c in (f, f + 1), (counts, shares)
+        up.append(c == f + 1)
+    rems = [n_keep * s % total for s in sizes]
+    if any(up) and not all(up):
+        assert min(r for r, u in zip(rems, up) if u) >= max(r for r, u in zip(rems, up) if not u)
+
+
+def test_knorm_uniform_is_per_head_top_k_of_the_negated_norm():
+    k = rng(1).standard_normal((2, 3, 50, 16), dtype=np.float32)
+    for ratio in (0.1, 0.5, 0.9):
+        p = fairkv.plan(k, ratio=ratio)
+        n = max(1, int(50 * (1 - ratio)))
+        assert p.counts.tolist() == [[n] * 3] * 2
+        for b in range(2):
+            for h in range(3):
+                # K-norm keeps the keys of smallest L2 norm (kvpress's KnormPress scores -||k||).
+                want = np.sort(np.argsort(np.linalg.norm(k[b, h], axis=-1), kind="stable")[:n])
+                assert p.kept(b, h).tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_compact_moves_the_kept_rows_in_place_in_order(dtype):
+    k, v = indexed_cache(1, 2, 40, 4, dtype)
+    p = fairkv.plan(k, ratio=0.6, whitelist=[0, 39])
+    before_k = k.copy()
+    fairkv.compact(p, k, v)
+    for h in range(2):
+        kept = p.kept(0, h)
+        n = p.counts[0, h]
+        np.testing.assert_array_equal(k[0, h, :n], before_k[0, h, kept])
+        np.testing.assert_array_equal(v[0, h, :n], -before_k[0, h, kept])
+        assert 0 in kept and 39 in kept
+
+
+def test_views_into_a_larger_cache_are_read_and_written_where_they_are():
+    # An engine's cache with room for 64 tokens, 40 filled, viewed without a copy; head-major transposed V.
+    cache_k = np.zeros((1, 2, 64, 8), dtype=np.float32)
+    cache_v = np.zeros((1, 2, 8, 64), dtype=np.float32)  # [batch, heads, dim, tokens]
+    filled_k, _ = indexed_cache(1, 2, 40, 8)
+    cache_k[:, :, :40] = filled_k
+    cache_v[:, :, :, :40] = np.swapaxes(-filled_k, 2, 3)
+    keys = cache_k[:, :, :40]
+    values = np.swapaxes(cache_v, 2, 3)[:, :, :40]  # strides (…, 1, 64): tokens fastest
+    assert not values.flags.c_contiguous
+    p = fairkv.plan(keys, ratio=0.5)
+    fairkv.compact(p, keys, values)
+    for h in range(2):
+        kept = p.kept(0, h)
+        np.testing.assert_array_equal(cache_k[0, h, :20, 0], filled_k[0, h, kept, 0])
+        np.testing.assert_array_equal(cache_v[0, h, 0, :20], -filled_k[0, h, kept, 0])
+    assert np.all(cache_k[:, :, 40:] == 0) and np.all(cache_v[:, :, :, 40:] == 0)
+
+
+def test_external_scores_any_strides():
+    s = rng(2).standard_normal((2, 40, 3), dtype=np.float32)  # [batch, tokens, heads] in memory
+    scores = np.transpose(s, (0, 2, 1))                         # viewed as [batch, heads, tokens]
+    p = fairkv.plan(scores=scores, ratio=0.75)
+    assert p.policy.startswith("external")
+    for b in range(2):
+        for h in range(3):
+            want = np.sort(np.argsort(-scores[b, h], kind="stable")[:10])
+            assert p.kept(b, h).tolist() == want.tolist()
+
+
+def test_fair_splits_the_budget_by_largest_remainder_and_keeps_the_sinks():
+    r = rng(3)
+    for trial in range(40):
+        L = int(r.integers(20, 120))
+        cuts = sorted(r.choice(np.arange(1, L), size=3, replace=False).tolist())
+        segments = [(cuts[0], cuts[1]), (cuts[1], cuts[2])]
+        scores = r.standard_normal((1, 2, L), dtype=np.float32)
+        ratio = float(r.choice([0.2, 0.5, 0.7, 0.9]))
+        n_keep = max(1, int(L * (1 - ratio)))
+        p = fairkv.plan(scores=scores, segments=segments, ratio=ratio, sinks=0)
+        groups = [set(range(b, e)) for b, e in segments]
+        groups.append(set(range(L)) - groups[0] - groups[1])
+        for h in range(2):
+            kept = set(p.kept(0, h).tolist())
+            counts = [len(kept & g) for g in groups]
+            largest_remainder_ok(counts, [len(g) for g in groups], n_keep)
+            # Within each group the highest scores win.
+            for g, c in zip(groups, counts):
+                order = sorted(g, key=lambda t: (-scores[0, h, t], t))
+                assert kept & g == set(order[:c])
+        # The default keeps the first four tokens (attention sinks) whenever the budget allows.
+        p4 = fairkv.plan(scores=scores, segments=segments, ratio=ratio)
+        if n_keep >= 4:
+            assert set(range(4)) <= set(p4.kept(0, 0).tolist())
+
+
+def test_whitelist_is_always_kept():
+    r = rng(4)
+    k = r.standard_normal((1, 4, 80, 8), dtype=np.float32)
+    wl = [0, 5, 17, 79]
+    for allocator in ("whitelist", "fair_with_whitelist", "debias"):
+        kw = {} if allocator == "whitelist" else {"segments": [(10, 40), (40, 70)]}
+        p = fairkv.plan(k, whitelist=wl, allocator=allocator, ratio=0.9, **kw)
+        for h in range(4):
+            assert set(wl) <= set(p.kept(0, h).tolist())
+
+
+def test_attention_scorers_read_queries():
+    r = rng(5)
+    k = r.standard_normal((1, 2, 48, 8), dtype=np.float32)
+    q = r.standard_normal((1, 4, 48, 8), dtype=np.float32)
+    for scorer in ("snapkv", "tova", "h2o"):
+        p = fairkv.plan(k, queries=q, scorer=scorer, window=8, ratio=0.5)
+        assert p.counts.tolist() == [[24, 24]]
+    with pytest.raises(fairkv.Error) as e:
+        fairkv.plan(k, scorer="snapkv", ratio=0.5)
+    assert e.value.status == "missing input" and "queries" in str(e.value)
+
+
+def test_plan_arrays_are_read_only_views_that_outlive_the_plan():
+    k = rng(6).standard_normal((1, 2, 30, 4), dtype=np.float32)
+    indices = fairkv.plan(k, ratio=0.5).indices
+    gc.collect()
+    assert indices.shape == (1, 2, 30) and not indices.flags.writeable
+    assert np.all(np.diff(indices[0, 0, :15]) > 0)
+
+
+def test_errors_are_value_errors_with_the_library_message_and_leave_the_arrays_untouched():
+    k, v = indexed_cache(1, 2, 40, 4)
+    k0, v0 = k.copy(), v.copy()
+    cases = [
+        (lambda: fairkv.plan(k, ratio=1.0), "invalid argument", "ratio"),
+        (lambda: fairkv.plan(k, ratio=0.5, budget=10), "invalid argument", "exactly one"),
+        (lambda: fairkv.plan(k), "invalid argument", "exactly one"),
+        (lambda: fairkv.plan(k, scorer="lru", ratio=0.5), "invalid argument", "unknown scorer"),
+        (lambda: fairkv.plan(k, allocator="fair", segments=[(0, 10), (5, 20)], ratio=0.5), "overlapping segments", ""),
+        (lambda: fairkv.plan(k, segments=[(0, 50)], ratio=0.5), "out of range", ""),
+        (lambda: fairkv.plan(k, whitelist=list(range(30)), ratio=0.5), "budget exceeded", "whitelist"),
+        (lambda: fairkv.plan(k, whitelist=[1.5], ratio=0.5), "invalid argument", "whitelist[0]"),
+        (lambda: fairkv.plan(k, whitelist=7, ratio=0.5), "invalid argument", "whitelist must be a sequence"),
+        (lambda: fairkv.plan(k, segments=5, ratio=0.5), "invalid argument", "segments must be a sequence"),
+        (lambda: fairkv.plan(k, segments=[5], ratio=0.5), "invalid argument", "segments[0] must be a pair"),
+        (lambda: fairkv.plan(k, segments=[(0, 10, 20)], ratio=0.5), "invalid argument", "segments[0] must be a pair"),
+        (lambda: fairkv.plan(k, whitelist=[2**40], ratio=0.5), "out of range", "whitelist[0]"),
+        (lambda: fairkv.plan(k.astype(np.float64), ratio=0.5), "invalid argument", "float32"),
+        (lambda: fairkv.plan(k[0], ratio=0.5), "invalid shape", "4 dimensions"),
+        (lambda: fairkv.plan([[1.0]], ratio=0.5), "invalid argument", "numpy array"),
+        (lambda: fairkv.plan(k, scores=np.zeros((1, 2, 40), np.float32), scorer="knorm", ratio=0.5),
+         "invalid argument", "external"),
+        (lambda: fairkv.plan(scores=np.zeros((1, 2, 40), np.float64), ratio=0.5), "invalid argument", "float32"),
+        (lambda: fairkv.plan(k, selector="union_heads", allocator="fair_paper", segments=[(0, 10)], ratio=0.5),
+         "invalid argument", "fair_paper"),
+    ]
+    for call, status, text in cases:
+        with pytest.raises(ValueError) as e:
+            call()
+        assert isinstance(e.value, fairkv.Error)
+        assert e.value.status == status, (status, str(e.value))
+        assert text in str(e.value)
+    p = fairkv.plan(k, ratio=0.5)
+    other = np.zeros((1, 3, 40, 4), np.float32)
+    compact_cases = [
+        (lambda: fairkv.compact(p, k, k), "overlap"),                   # K and V the same memory
+        (lambda: fairkv.compact(p, k, other), "values"),                # heads differ from the plan's
+        (lambda: fairkv.compact(p, k, v.astype(np.float16)), "dtype"),
+        (lambda: fairkv.compact(p, k[:, :, :30], v[:, :, :30]), "keys"),  # fewer tokens than the plan
+    ]
+    ro = v.copy()
+    ro.setflags(write=False)
+    compact_cases.append((lambda: fairkv.compact(p, k, ro), "read-only"))
+    for call, text in compact_cases:
+        with pytest.raises(fairkv.Error) as e:
+            call()
+        assert text in str(e.value), str(e.value)
+    np.testing.assert_array_equal(k, k0)
+    np.testing.assert_array_equal(v, v0)
+    with pytest.raises(fairkv.Error):
+        p.kept(0, 2)
+
+
+def test_plans_from_several_threads_agree_with_serial_ones():
+    # The GIL is released while the library works: concurrent calls must not interfere.
+    r = rng(7)
+    caches = [r.standard_normal((1, 4, 2000, 32), dtype=np.float32) for _ in range(4)]
+    serial = [fairkv.plan(c, segments=[(10, 500), (500, 1500)], ratio=0.7).indices.copy() for c in caches]
+    results = [None] * 4
+
+    def work(i):
+        results[i] = fairkv.plan(caches[i], segments=[(10, 500), (500, 1500)], ratio=0.7).indices.copy()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for a, b in zip(serial, results):
+        np.testing.assert_array_equal(a, b)
