@@ -18,6 +18,7 @@
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/policy.hpp"
+#include "fairkv/remap.hpp"
 #include "fairkv/rope.hpp"
 #include "fairkv/scorer.hpp"
 #include "fairkv/scorers/external.hpp"

@@ -109,7 +109,9 @@ result gpu_can_implement(const host_case& c) {
     const auto in = fake_inputs<T>(c);
     const fairkv::keep_plan_view out{fake_device_pointer<std::int32_t>(), fake_device_pointer<std::int32_t>(),
                                      fake_device_pointer<std::int32_t>(), c.batch, c.heads, c.tokens};
-    return fairkv::cuda::can_implement(pol, in, c.segments, c.whitelist, c.ratio, out);
+    return with_target(c, [&](auto target) {
+      return fairkv::cuda::can_implement(pol, in, c.segments, c.whitelist, target, out);
+    });
   });
 }
 
@@ -120,7 +122,9 @@ result gpu_planner_can_implement(const host_case& c) {
     const fairkv::keep_plan_view out{fake_device_pointer<std::int32_t>(), fake_device_pointer<std::int32_t>(),
                                      fake_device_pointer<std::int32_t>(), c.batch, c.heads, c.tokens};
     using planner = fairkv::cuda::planner<std::decay_t<decltype(pol)>, std::decay_t<decltype(in)>>;
-    return planner::can_implement({pol, in, c.segments, c.whitelist, c.ratio, out});
+    return with_target(c, [&](auto target) {
+      return planner::can_implement({pol, in, c.segments, c.whitelist, target, out});
+    });
   });
 }
 
@@ -128,7 +132,9 @@ result gpu_size_query(const host_case& c, std::size_t& bytes) {
   return with_policy(c, [&](const auto& pol, auto tag) -> result {
     using T = decltype(tag);
     const auto in = fake_inputs<T>(c);
-    return fairkv::cuda::plan(nullptr, bytes, pol, in, c.segments, c.whitelist, c.ratio, fairkv::keep_plan_view{});
+    return with_target(c, [&](auto target) {
+      return fairkv::cuda::plan(nullptr, bytes, pol, in, c.segments, c.whitelist, target, fairkv::keep_plan_view{});
+    });
   });
 }
 
@@ -146,17 +152,17 @@ result gpu_plan(const host_case& c, fairkv::keep_plan& out, bool graph) {
   const fairkv::keep_plan_view view = d.plan.view(c.batch, c.heads, c.tokens);
   cudaStream_t stream = nullptr;
   FAIRKV_TRY(fairkv::cuda::from_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
-  const result r = with_policy(c, [&](const auto& pol, auto tag) -> result {
+  const result r = with_target(c, [&](auto target) { return with_policy(c, [&](const auto& pol, auto tag) -> result {
     const auto in = d.inputs<decltype(tag)>(c);
     std::size_t bytes = 0;
-    FAIRKV_TRY(fairkv::cuda::plan(nullptr, bytes, pol, in, c.segments, c.whitelist, c.ratio, view, stream));
+    FAIRKV_TRY(fairkv::cuda::plan(nullptr, bytes, pol, in, c.segments, c.whitelist, target, view, stream));
     FAIRKV_TRY(temp.allocate(bytes));
-    if (!graph) return fairkv::cuda::plan(temp.get(), bytes, pol, in, c.segments, c.whitelist, c.ratio, view, stream);
+    if (!graph) return fairkv::cuda::plan(temp.get(), bytes, pol, in, c.segments, c.whitelist, target, view, stream);
     // Capture the plan into a graph (no allocation or host synchronisation may happen inside) and replay it twice.
     cudaGraph_t g = nullptr;
     cudaGraphExec_t exec = nullptr;
     FAIRKV_TRY(fairkv::cuda::from_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal)));
-    const result inside = fairkv::cuda::plan(temp.get(), bytes, pol, in, c.segments, c.whitelist, c.ratio, view, stream);
+    const result inside = fairkv::cuda::plan(temp.get(), bytes, pol, in, c.segments, c.whitelist, target, view, stream);
     const result ended = fairkv::cuda::from_cuda(cudaStreamEndCapture(stream, &g));
     FAIRKV_TRY(inside);
     FAIRKV_TRY(ended);
@@ -167,7 +173,7 @@ result gpu_plan(const host_case& c, fairkv::keep_plan& out, bool graph) {
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(g);
     return {};
-  });
+  }); });
   const result synced = fairkv::cuda::from_cuda(cudaStreamSynchronize(stream));
   cudaStreamDestroy(stream);
   FAIRKV_TRY(r);
@@ -183,7 +189,7 @@ result gpu_plan_handle(const host_case& c, fairkv::keep_plan& first, fairkv::kee
   return with_policy(c, [&](const auto& pol, auto tag) -> result {
     const auto in = d.inputs<decltype(tag)>(c);
     using planner = fairkv::cuda::planner<std::decay_t<decltype(pol)>, std::decay_t<decltype(in)>>;
-    const typename planner::arguments args{pol, in, c.segments, c.whitelist, c.ratio, view};
+    const typename planner::arguments args{pol, in, c.segments, c.whitelist, c.target ? *c.target : c.ratio, view};
     FAIRKV_TRY(planner::can_implement(args));
     std::size_t bytes = 0;
     FAIRKV_TRY(planner::get_workspace_size(args, bytes));

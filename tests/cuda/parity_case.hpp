@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -15,6 +16,7 @@
 #include "fairkv/allocators/fair_paper.hpp"
 #include "fairkv/allocators/uniform.hpp"
 #include "fairkv/allocators/whitelist.hpp"
+#include "fairkv/budget.hpp"
 #include "fairkv/dtype.hpp"
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/layer_inputs.hpp"
@@ -69,6 +71,7 @@ struct host_case {
   attention_input attn = attention_input::queries;
   std::int64_t batch = 1, heads = 1, q_heads = 1, tokens = 1, head_dim = 1, capacity = 1, q_tokens = 0;
   double ratio = 0.5;
+  std::optional<fairkv::keep_target> target;  // set: planned with this target (a token budget), not `ratio`
   float alpha = 0.2f;
   std::int32_t window = 16;
   std::vector<fairkv::segment> segments;
@@ -82,6 +85,14 @@ struct host_case {
   bool scores_token_major = false;
   std::int64_t score_tokens = 0;                // the scores view's tokens extent; 0: the cache's
 };
+
+// `f(target)` with the case's keep target: the keep_target where one is set, else the ratio as a double, so both
+// overloads of every planner entry point are exercised.
+template <class F>
+decltype(auto) with_target(const host_case& c, F&& f) {
+  if (c.target) return f(*c.target);
+  return f(c.ratio);
+}
 
 // The external scores' view for a base pointer (host or device).
 [[nodiscard]] inline fairkv::score_view make_scores(const host_case& c, const float* base) {

@@ -159,13 +159,32 @@ host_case random_case(std::mt19937& rng, scorer_id s, selector_id sel, allocator
   return c;
 }
 
+// Plans the case at a token budget instead of its ratio: within the sequence (1..L) or above it (kept whole). The
+// whitelist and boundary tokens are trimmed to fit the budget, so the plan succeeds.
+void use_token_budget(std::mt19937& rng, host_case& c) {
+  const std::int64_t L = c.tokens;
+  const std::int64_t n = rng() % 5 == 0 ? L + static_cast<std::int64_t>(rng() % 3)
+                                        : 1 + static_cast<std::int64_t>(rng() % static_cast<unsigned>(L));
+  c.target = fairkv::keep_target::of_tokens(n);
+  auto distinct = [&] {
+    return static_cast<std::int64_t>(std::set<std::int32_t>(c.whitelist.begin(), c.whitelist.end()).size());
+  };
+  std::int64_t hard = distinct();
+  for (const fairkv::segment& s : c.segments) hard += std::min<std::int64_t>(s.size(), 2 * c.protect.boundary);
+  if (hard > std::min(n, L)) c.protect.boundary = 0;
+  while (distinct() > std::min(n, L)) c.whitelist.pop_back();
+  c.name += " tokens " + std::to_string(n);
+}
+
 result cpu_plan(const host_case& c, fairkv::keep_plan& out) {
   return with_policy(c, [&](const auto& pol, auto tag) -> result {
     using T = decltype(tag);
     const auto in = make_inputs<T>(c, reinterpret_cast<const T*>(c.k_bytes.data()), c.queries.data(),
                                    c.attention.data(), c.column_sums.data(),
                                    c.scores.empty() ? nullptr : c.scores.data());
-    return fairkv::cpu::plan(pol, in, c.segments, c.whitelist, c.ratio, out);
+    return with_target(c, [&](auto target) {
+      return fairkv::cpu::plan(pol, in, c.segments, c.whitelist, target, out);
+    });
   });
 }
 
@@ -477,6 +496,81 @@ TEST_SUITE("cuda_host") {
     }
   }
 
+  TEST_CASE("cuda host checks: token budgets are refused as the CPU refuses them, same status and message") {
+    std::mt19937 rng(14);
+    struct refusal {
+      const char* what;
+      void (*apply)(host_case&);
+      status code;
+    };
+    const refusal refusals[] = {
+        {"budget 0", [](host_case& c) { c.target = fairkv::keep_target::of_tokens(0); }, status::invalid_argument},
+        {"negative budget", [](host_case& c) { c.target = fairkv::keep_target::of_tokens(-4); },
+         status::invalid_argument},
+        {"ratio and budget together",
+         [](host_case& c) {
+           fairkv::keep_target t = fairkv::keep_target::of_tokens(8);
+           t.ratio = 0.25;
+           c.target = t;
+         },
+         status::invalid_argument},
+        {"whitelist over the budget",
+         [](host_case& c) {
+           c.target = fairkv::keep_target::of_tokens(8);
+           c.whitelist.clear();
+           for (std::int32_t t = 0; t < 10; ++t) c.whitelist.push_back(3 * t);
+         },
+         status::budget_exceeded},
+        {"boundary tokens over the budget",
+         [](host_case& c) {
+           c.target = fairkv::keep_target::of_tokens(5);
+           c.whitelist = {40};
+           c.protect.boundary = 2;
+           c.segments = {{0, 10}, {20, 30}};
+         },
+         status::budget_exceeded},
+    };
+    for (const refusal& r : refusals) {
+      CAPTURE(r.what);
+      host_case c =
+          random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::fair_with_whitelist, dtype_id::f32);
+      while (c.tokens < 64)
+        c = random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::fair_with_whitelist, dtype_id::f32);
+      c.segments.clear();
+      c.whitelist.clear();
+      c.protect = {};
+      r.apply(c);
+      fairkv::keep_plan cp;
+      const result want = cpu_plan(c, cp);
+      REQUIRE(want.code() == r.code);
+      for (const result& got : {gpu_can_implement(c), gpu_planner_can_implement(c)}) {
+        CHECK(got.code() == want.code());
+        CHECK(std::string(got.message()) == std::string(want.message()));
+      }
+      // The size query validates the target but, like the CPU's, not the budget's room for forced tokens.
+      std::size_t bytes = 0, cpu_bytes = 0;
+      const result size = gpu_size_query(c, bytes);
+      const result cpu_size = with_policy(c, [&](const auto& pol, auto tag) -> result {
+        using T = decltype(tag);
+        const auto in = make_inputs<T>(c, reinterpret_cast<const T*>(c.k_bytes.data()), nullptr, nullptr, nullptr);
+        return fairkv::cpu::plan(nullptr, cpu_bytes, pol, in, c.segments, c.whitelist, *c.target,
+                                 fairkv::keep_plan_view{});
+      });
+      CHECK(size.code() == cpu_size.code());
+      CHECK(std::string(size.message()) == std::string(cpu_size.message()));
+    }
+    // The budget_exceeded message names the budget in tokens.
+    host_case c = random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::whitelist, dtype_id::f32);
+    while (c.tokens < 20)
+      c = random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::whitelist, dtype_id::f32);
+    c.target = fairkv::keep_target::of_tokens(8);
+    c.whitelist = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+    const result r = gpu_can_implement(c);
+    CHECK(r.code() == status::budget_exceeded);
+    CHECK(std::string(r.message()) == "the whitelist holds 10 distinct positions but sequence 0 keeps only 8 of its " +
+                                          std::to_string(c.tokens) + " tokens at a budget of 8 tokens");
+  }
+
   TEST_CASE("cuda host checks: the CUDA backend's limits are reported, not silently exceeded") {
     std::mt19937 rng(3);
     host_case c = random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::fair, dtype_id::f32);
@@ -554,6 +648,48 @@ TEST_SUITE("cuda_parity") {
               paper += a == allocator_id::fair_paper ? 1 : 0;
             }
     MESSAGE(cases << " exact parity cases (" << paper << " fair_paper)");
+  }
+
+  TEST_CASE("cuda parity: token budgets, the CPU's plans bit for bit" * doctest::skip(no_device)) {
+    std::mt19937 rng(1404);
+    int cases = 0, attention = 0, attention_exact = 0;
+    for (const scorer_id s : exact_scorers)
+      for (const selector_id sel : all_selectors)
+        for (const allocator_id a : all_allocators) {
+          if (s == scorer_id::external && a == allocator_id::fair_paper) continue;  // refused (cuda_host)
+          const dtype_id d = float_keys_only(s) ? dtype_id::f32 : all_dtypes[rng() % 3];
+          host_case c;
+          do c = random_case(rng, s, sel, a, d);
+          while (c.tokens > (quick ? 600 : 1500));
+          use_token_budget(rng, c);
+          CAPTURE(c.name);
+          check_exact_parity(c, cases % 7 == 0);
+          fairkv::keep_plan got;  // the CPU's, which the GPU's equals
+          REQUIRE(cpu_plan(c, got).ok());
+          const std::int64_t kept = std::min(c.target->tokens, c.tokens);
+          for (std::int64_t b = 0; b < c.batch; ++b) {
+            std::int64_t total = 0;
+            for (std::int64_t h = 0; h < c.heads; ++h) {
+              total += got.count(b, h);
+              if (sel != selector_id::head_adaptive) CHECK(got.count(b, h) == kept);
+            }
+            CHECK(total == c.heads * kept);
+          }
+          ++cases;
+        }
+    // Attention scorers (SnapKV, TOVA, H2O) at a token budget: near-ties aside, the same plans.
+    for (const scorer_id s : {scorer_id::snapkv, scorer_id::tova, scorer_id::h2o})
+      for (const allocator_id a : all_allocators) {
+        host_case c = random_case(rng, s, all_selectors[rng() % 3], a, dtype_id::f32);
+        use_token_budget(rng, c);
+        CAPTURE(c.name);
+        attention_exact += attention_parity(c) ? 1 : 0;
+        ++attention;
+      }
+    MESSAGE(cases << " exact token-budget cases; " << attention << " attention cases, " << attention_exact
+                  << " bit-identical");
+    CHECK(cases == 4 * 3 * 5 - 3);
+    CHECK(attention_exact * 10 >= attention * 7);
   }
 
   TEST_CASE("cuda parity: attention scorers (near-ties aside, the same plans)" * doctest::skip(no_device)) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fairkv/allocators/uniform.hpp"
+#include "fairkv/budget.hpp"
 #include "fairkv/cpu/detail/plan_workspace.hpp"
 #include "fairkv/cpu/detail/select.hpp"
 #include "fairkv/cpu/score.hpp"
@@ -51,19 +52,19 @@ template <class S, class A, class KeySource, class Q>
 template <class S, class Sel, class A, class KeySource, class Q>
 [[nodiscard]] result plan_sequence(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
                                    std::span<const segment> segments, std::span<const std::int32_t> whitelist,
-                                   double ratio, std::int64_t b, std::int64_t ld, const plan_workspace& w,
+                                   const keep_target& target, std::int64_t b, std::int64_t ld, const plan_workspace& w,
                                    keep_plan_view out) {
   namespace front = fairkv::detail;
   const std::int64_t heads = in.keys.heads, L = in.keys.tokens_of(b);
   const std::span<const segment> sorted(w.sorted, segments.size());
   segment widened[2];
   const front::grouping g = front::build_runs(front::grouping_segments<S, A>(sorted, L, widened), L, w.runs, w.sizes);
-  sequence_groups s{b, L, keep_budget(L, ratio), 0, g.groups, g.runs};
+  sequence_groups s{b, L, target.n_keep(L), 0, g.groups, g.runs};
   for (std::int64_t r = 0; r < s.n_runs; ++r)
     std::fill(w.group_of + w.runs[r].begin, w.group_of + w.runs[r].end, static_cast<std::int32_t>(w.runs[r].group));
   std::fill(w.forced, w.forced + L, std::uint8_t{0});
   std::fill(w.forced_n, w.forced_n + s.groups, 0);
-  FAIRKV_TRY(front::force_tokens(whitelist, front::protection_of(pol.allocator), segments, L, s.n_keep, b, ratio,
+  FAIRKV_TRY(front::force_tokens(whitelist, front::protection_of(pol.allocator), segments, L, s.n_keep, b, target,
                                  s.forced_total, [&](std::int64_t t) {
                                    if (w.forced[t]) return false;
                                    w.forced[t] = 1;
@@ -118,15 +119,17 @@ template <class S, class KeySource, class Q>
   return {};
 }
 
-// Plans one layer. `segments` and `whitelist` apply to every sequence of the batch. Nothing is written but the
-// plan and the workspace; on error the plan's contents are unspecified and the engine's memory is untouched.
+// Plans one layer. `segments` and `whitelist` apply to every sequence of the batch; `target` is a ratio or a
+// token budget per KV head (fairkv/budget.hpp). Nothing is written but the plan and the workspace; on error the
+// plan's contents are unspecified and the engine's memory is untouched.
 template <class S, class Sel, class A, class KeySource, class Q>
 [[nodiscard]] result plan(void* workspace, std::size_t& workspace_bytes, const policy<S, Sel, A>& pol,
                           const layer_inputs<KeySource, Q>& in, std::span<const segment> segments,
-                          std::span<const std::int32_t> whitelist, double ratio, keep_plan_view out) noexcept {
+                          std::span<const std::int32_t> whitelist, const keep_target& target,
+                          keep_plan_view out) noexcept {
   // Everything is checked before any scratch is touched.
   std::int64_t min_tokens = 0, max_tokens = 0;
-  FAIRKV_TRY(fairkv::detail::validate_plan_request(pol, in, segments, whitelist, ratio, min_tokens, max_tokens));
+  FAIRKV_TRY(fairkv::detail::validate_plan_request(pol, in, segments, whitelist, target, min_tokens, max_tokens));
   const auto n_segments = static_cast<std::int64_t>(segments.size());
   detail::plan_workspace w;
   const std::size_t needed = detail::layout<S, Sel, A>(nullptr, w, in.keys.heads, max_tokens, n_segments);
@@ -139,29 +142,44 @@ template <class S, class Sel, class A, class KeySource, class Q>
   detail::layout<S, Sel, A>(detail::carver::align_base(workspace), w, in.keys.heads, max_tokens, n_segments);
   fairkv::detail::sort_segments(segments, w.sorted);
   for (std::int64_t b = 0; b < in.keys.batch; ++b)
-    FAIRKV_TRY(detail::plan_sequence(pol, in, segments, whitelist, ratio, b, max_tokens, w, out));
+    FAIRKV_TRY(detail::plan_sequence(pol, in, segments, whitelist, target, b, max_tokens, w, out));
   return {};
+}
+
+// At a ratio, as before token budgets existed.
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result plan(void* workspace, std::size_t& workspace_bytes, const policy<S, Sel, A>& pol,
+                          const layer_inputs<KeySource, Q>& in, std::span<const segment> segments,
+                          std::span<const std::int32_t> whitelist, double ratio, keep_plan_view out) noexcept {
+  return plan(workspace, workspace_bytes, pol, in, segments, whitelist, keep_target::of_ratio(ratio), out);
 }
 
 // Convenience: allocates the plan and the scratch with std::vector (use the overload above to control memory).
 // A failed allocation is status::out_of_memory.
 template <class S, class Sel, class A, class KeySource, class Q>
 [[nodiscard]] result plan(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
-                          std::span<const segment> segments, std::span<const std::int32_t> whitelist, double ratio,
-                          keep_plan& out) noexcept {
+                          std::span<const segment> segments, std::span<const std::int32_t> whitelist,
+                          const keep_target& target, keep_plan& out) noexcept {
   std::size_t bytes = 0;
-  FAIRKV_TRY(plan(nullptr, bytes, pol, in, segments, whitelist, ratio, keep_plan_view{}));
+  FAIRKV_TRY(plan(nullptr, bytes, pol, in, segments, whitelist, target, keep_plan_view{}));
   std::int64_t max_tokens = 0;
   for (std::int64_t b = 0; b < in.keys.batch; ++b) max_tokens = std::max(max_tokens, in.keys.tokens_of(b));
   try {
     std::vector<std::byte> scratch(bytes);
     out.resize(in.keys.batch, in.keys.heads, max_tokens);
-    return plan(scratch.data(), bytes, pol, in, segments, whitelist, ratio, out.view());
+    return plan(scratch.data(), bytes, pol, in, segments, whitelist, target, out.view());
   } catch (const std::exception&) {  // std::bad_alloc, or std::length_error for a size beyond max_size()
     return result::error(status::out_of_memory, "out of host memory for the plan (%zu bytes of scratch, a plan of "
                          "%lld x %lld x %lld indices)", bytes, static_cast<long long>(in.keys.batch),
                          static_cast<long long>(in.keys.heads), static_cast<long long>(max_tokens));
   }
+}
+
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result plan(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                          std::span<const segment> segments, std::span<const std::int32_t> whitelist, double ratio,
+                          keep_plan& out) noexcept {
+  return plan(pol, in, segments, whitelist, keep_target::of_ratio(ratio), out);
 }
 
 }  // namespace cpu

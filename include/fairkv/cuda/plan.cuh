@@ -3,6 +3,7 @@
 //   size_t bytes = 0;
 //   fairkv::cuda::plan(nullptr, bytes, policy, inputs, segments, whitelist, ratio, plan_view, stream);  // size
 //   fairkv::cuda::plan(d_temp, bytes, policy, inputs, segments, whitelist, ratio, plan_view, stream);   // run
+//   (ratio: a double, or a fairkv::keep_target: a ratio or a token budget per KV head, fairkv/budget.hpp)
 //
 // `inputs` and `plan_view` point at device memory; `segments` and `whitelist` are small HOST arrays that are
 // validated on the host and passed to the kernels by value (detail/params.cuh states the limits). Every check
@@ -29,6 +30,7 @@
 #include <cstdint>
 #include <span>
 
+#include "fairkv/budget.hpp"
 #include "fairkv/cuda/planner.cuh"
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/layer_inputs.hpp"
@@ -39,13 +41,14 @@
 namespace fairkv::cuda {
 
 // Checks everything plan() checks on the host, without touching device memory. `out` must describe device
-// memory of the right extents. A success means plan() will launch (device errors aside).
+// memory of the right extents. A success means plan() will launch (device errors aside). `target` is a ratio or a
+// token budget (fairkv/budget.hpp); a double is a ratio.
 template <class S, class Sel, class A, class KeySource, class Q>
 [[nodiscard]] result can_implement(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
                                    std::span<const segment> segments, std::span<const std::int32_t> whitelist,
-                                   double ratio, const keep_plan_view& out) noexcept {
+                                   const keep_target& target, const keep_plan_view& out) noexcept {
   using handle = planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>>;
-  return handle::can_implement({pol, in, segments, whitelist, ratio, out});
+  return handle::can_implement({pol, in, segments, whitelist, target, out});
 }
 
 // Plans one layer on the device. With d_temp_storage == nullptr only temp_storage_bytes is written.
@@ -54,14 +57,31 @@ template <class S, class Sel, class A, class KeySource, class Q>
 template <class S, class Sel, class A, class KeySource, class Q>
 [[nodiscard]] result plan(void* d_temp_storage, std::size_t& temp_storage_bytes, const policy<S, Sel, A>& pol,
                           const layer_inputs<KeySource, Q>& in, std::span<const segment> segments,
-                          std::span<const std::int32_t> whitelist, double ratio, keep_plan_view out,
+                          std::span<const std::int32_t> whitelist, const keep_target& target, keep_plan_view out,
                           cudaStream_t stream = nullptr) noexcept {
   using handle = planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>>;
-  const typename handle::arguments args{pol, in, segments, whitelist, ratio, out};
+  const typename handle::arguments args{pol, in, segments, whitelist, target, out};
   if (d_temp_storage == nullptr) return handle::get_workspace_size(args, temp_storage_bytes);
   handle h;
   FAIRKV_TRY(h.initialize(args, d_temp_storage, temp_storage_bytes));
   return h.run(stream);
+}
+
+// At a ratio, as before token budgets existed (the CPU's overloads are the same pair).
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result can_implement(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                                   std::span<const segment> segments, std::span<const std::int32_t> whitelist,
+                                   double ratio, const keep_plan_view& out) noexcept {
+  return can_implement(pol, in, segments, whitelist, keep_target::of_ratio(ratio), out);
+}
+
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result plan(void* d_temp_storage, std::size_t& temp_storage_bytes, const policy<S, Sel, A>& pol,
+                          const layer_inputs<KeySource, Q>& in, std::span<const segment> segments,
+                          std::span<const std::int32_t> whitelist, double ratio, keep_plan_view out,
+                          cudaStream_t stream = nullptr) noexcept {
+  return plan(d_temp_storage, temp_storage_bytes, pol, in, segments, whitelist, keep_target::of_ratio(ratio), out,
+              stream);
 }
 
 }  // namespace fairkv::cuda

@@ -2,7 +2,7 @@
 // (every decode step, or a captured CUDA graph):
 //
 //   using planner = fairkv::cuda::planner<my_policy, fairkv::layer_inputs<fairkv::kv_view<const half>, half>>;
-//   const planner::arguments args{policy, inputs, segments, whitelist, ratio, plan_view};
+//   const planner::arguments args{policy, inputs, segments, whitelist, ratio, plan_view};  // or a keep_target
 //   FAIRKV_TRY(planner::can_implement(args));            // host checks only, the CPU oracle's messages
 //   std::size_t bytes = 0;
 //   FAIRKV_TRY(planner::get_workspace_size(args, bytes));
@@ -23,6 +23,7 @@
 #include <optional>
 #include <span>
 
+#include "fairkv/budget.hpp"
 #include "fairkv/cuda/detail/launch.cuh"
 #include "fairkv/cuda/detail/launch_scores.cuh"
 #include "fairkv/cuda/detail/params.cuh"
@@ -44,14 +45,15 @@
 namespace fairkv::cuda {
 
 // One plan request. `inputs` and `out` describe device memory; `segments` and `whitelist` are small host
-// arrays (detail/params.cuh states the limits).
+// arrays (detail/params.cuh states the limits). `target` is a ratio or a token budget (fairkv/budget.hpp); a
+// double in its place is a ratio, so `{policy, inputs, segments, whitelist, 0.5, out}` means what it always did.
 template <class Policy, class Inputs>
 struct plan_arguments {
   Policy policy;
   Inputs inputs;
   std::span<const segment> segments{};
   std::span<const std::int32_t> whitelist{};
-  double ratio = 0.0;
+  keep_target target{};
   keep_plan_view out{};
 };
 
@@ -73,7 +75,7 @@ class planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>> {
   [[nodiscard]] static result can_implement(const arguments& args) noexcept {
     detail::plan_params p;
     detail::attention_params a;
-    FAIRKV_TRY(detail::build_params(args.policy, args.inputs, args.segments, args.whitelist, args.ratio, true, p, a));
+    FAIRKV_TRY(detail::build_params(args.policy, args.inputs, args.segments, args.whitelist, args.target, true, p, a));
     FAIRKV_TRY(check_output(args));
     return check_key_smem(args.inputs);
   }
@@ -83,7 +85,7 @@ class planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>> {
     detail::plan_params p;
     detail::attention_params a;
     detail::plan_workspace w;
-    FAIRKV_TRY(detail::build_params(args.policy, args.inputs, args.segments, args.whitelist, args.ratio, false, p, a));
+    FAIRKV_TRY(detail::build_params(args.policy, args.inputs, args.segments, args.whitelist, args.target, false, p, a));
     bytes = detail::layout<S, Sel>(nullptr, w, p, a);
     return {};
   }
@@ -92,7 +94,7 @@ class planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>> {
   // which must outlive every run). Host work only, plus the key kernel's shared-memory opt-in when it needs one.
   [[nodiscard]] result initialize(const arguments& args, void* d_workspace, std::size_t workspace_bytes) noexcept {
     ready_ = false;
-    FAIRKV_TRY(detail::build_params(args.policy, args.inputs, args.segments, args.whitelist, args.ratio, true, p_, a_));
+    FAIRKV_TRY(detail::build_params(args.policy, args.inputs, args.segments, args.whitelist, args.target, true, p_, a_));
     FAIRKV_TRY(fairkv::detail::check_workspace("temp_storage_bytes", workspace_bytes,
                                                detail::layout<S, Sel>(nullptr, w_, p_, a_)));
     FAIRKV_TRY(check_output(args));

@@ -10,6 +10,7 @@
 #include <span>
 
 #include "fairkv/allocators/protection.hpp"
+#include "fairkv/budget.hpp"
 #include "fairkv/scorers/streaming_llm.hpp"
 #include "fairkv/segments.hpp"
 #include "fairkv/status.hpp"
@@ -55,12 +56,12 @@ template <class A>
   return n;
 }
 
-// Adds sequence `seq`'s protected tokens (L tokens, budget n_keep) to a forced set that already holds `forced`
-// distinct tokens. `add(t)` forces t and returns false if it was forced already.
+// Adds sequence `seq`'s protected tokens (L tokens, budget n_keep = target.n_keep(L)) to a forced set that
+// already holds `forced` distinct tokens. `add(t)` forces t and returns false if it was forced already.
 template <class Add>
 [[nodiscard]] result add_protected(const allocators::protection& p, std::span<const segment> segments, std::int64_t L,
-                                   std::int64_t n_keep, std::int64_t seq, double ratio, std::int64_t& forced,
-                                   Add&& add) noexcept {
+                                   std::int64_t n_keep, std::int64_t seq, const keep_target& target,
+                                   std::int64_t& forced, Add&& add) noexcept {
   if (p.boundary > 0) {
     const std::int64_t before = forced;
     for (const segment& s : segments) {
@@ -72,10 +73,10 @@ template <class Add>
     if (forced > n_keep)
       return result::error(status::budget_exceeded,
                            "allocator.protect.boundary = %d protects %lld more tokens (beyond %lld whitelisted) but "
-                           "sequence %lld keeps only %lld of its %lld tokens at ratio %g",
+                           "sequence %lld keeps only %lld of its %lld tokens at %s",
                            p.boundary, static_cast<long long>(forced - before), static_cast<long long>(before),
                            static_cast<long long>(seq), static_cast<long long>(n_keep), static_cast<long long>(L),
-                           ratio);
+                           describe_target(target).text);
   }
   for (std::int64_t t = 0; t < std::min<std::int64_t>(p.n_sink, L) && forced < n_keep; ++t) forced += add(t) ? 1 : 0;
   return {};

@@ -7,7 +7,7 @@
 #include <span>
 #include <type_traits>
 
-#include "fairkv/budget.hpp"  // keep_budget, which the planners include through here
+#include "fairkv/budget.hpp"  // keep_target and keep_budget, which the planners include through here
 #include "fairkv/detail/protected_tokens.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/policy.hpp"
@@ -129,15 +129,37 @@ template <class S, class A, class KeySource, class Q>
   }
 }
 
-// Everything a planner checks before it touches any memory, in one order for every backend: ratio, keys,
+// The target: a ratio in [0, 1) or a token budget of at least one token, never both (budget.hpp says why).
+[[nodiscard]] inline result validate_target(const keep_target& target) noexcept {
+  if (!target.by_tokens()) {
+    if (!(target.ratio >= 0.0 && target.ratio < 1.0))
+      return result::error(status::invalid_argument, "ratio = %g is outside [0, 1)", target.ratio);
+    return {};
+  }
+  if (target.ratio != 0.0)
+    return result::error(status::invalid_argument,
+                         "the keep target sets both ratio = %g and a budget of %lld tokens; set one "
+                         "(keep_target::of_ratio or keep_target::of_tokens)",
+                         target.ratio, static_cast<long long>(target.tokens));
+  if (target.tokens < 0)
+    return result::error(status::invalid_argument, "the token budget %lld is negative",
+                         static_cast<long long>(target.tokens));
+  if (target.tokens == 0)
+    return result::error(status::invalid_argument,
+                         "a token budget of 0 keeps nothing; the budget must be at least 1 token (to drop a "
+                         "sequence, free it in the engine)");
+  return {};
+}
+
+// Everything a planner checks before it touches any memory, in one order for every backend: the target, keys,
 // sequence lengths (returned in min_tokens / max_tokens), segments and whitelist against what the allocator
 // uses, scorer and selector parameters, external scores, attention inputs.
 template <class S, class Sel, class A, class KeySource, class Q>
 [[nodiscard]] result validate_plan_request(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
                                            std::span<const segment> segments, std::span<const std::int32_t> whitelist,
-                                           double ratio, std::int64_t& min_tokens, std::int64_t& max_tokens) noexcept {
-  if (!(ratio >= 0.0 && ratio < 1.0))
-    return result::error(status::invalid_argument, "ratio = %g is outside [0, 1)", ratio);
+                                           const keep_target& target, std::int64_t& min_tokens,
+                                           std::int64_t& max_tokens) noexcept {
+  FAIRKV_TRY(validate_target(target));
   FAIRKV_TRY(validate_keys<S>(in));
   max_tokens = 0;
   min_tokens = INT64_MAX;

@@ -10,6 +10,7 @@
 #include <span>
 
 #include "fairkv/allocator.hpp"
+#include "fairkv/budget.hpp"
 #include "fairkv/cuda/detail/params.cuh"
 #include "fairkv/cuda/detail/score_attention.cuh"
 #include "fairkv/cuda/detail/select_split.cuh"
@@ -134,13 +135,14 @@ template <class S, class A, class KeySource, class Q>
 template <class S, class Sel, class A, class KeySource, class Q>
 [[nodiscard]] result build_params(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
                                   std::span<const segment> segments, std::span<const std::int32_t> whitelist,
-                                  double ratio, bool with_budgets, plan_params& p, attention_params& a) noexcept {
+                                  const keep_target& target, bool with_budgets, plan_params& p,
+                                  attention_params& a) noexcept {
   static_assert(is_dense_view_v<KeySource>,
                 "fairkv::cuda::plan: the keys must be a kv_view<const T> (contiguous or strided); paged keys are "
                 "not supported by the CUDA planner (compact() does support paged views)");
   namespace front = fairkv::detail;
   std::int64_t min_tokens = 0, max_tokens = 0;  // dense views: one length for the whole batch
-  FAIRKV_TRY(front::validate_plan_request(pol, in, segments, whitelist, ratio, min_tokens, max_tokens));
+  FAIRKV_TRY(front::validate_plan_request(pol, in, segments, whitelist, target, min_tokens, max_tokens));
   FAIRKV_TRY(check_cuda_limits(pol, in, segments, whitelist));
   const std::int64_t heads = in.keys.heads, L = in.keys.tokens;
   p.batch = static_cast<std::int32_t>(in.keys.batch);
@@ -168,12 +170,12 @@ template <class S, class Sel, class A, class KeySource, class Q>
   std::int32_t wl[max_whitelist];
   std::copy(whitelist.begin(), whitelist.end(), wl);
   std::sort(wl, wl + whitelist.size());
-  const std::int64_t n_keep = keep_budget(L, ratio);
+  const std::int64_t n_keep = target.n_keep(L);
   std::int64_t n_forced = 0;
   p.n_forced = 0;
   // Every sequence of a kv_view has the same length, so the CPU would report sequence 0 first.
   FAIRKV_TRY(front::force_tokens({wl, whitelist.size()}, front::protection_of(pol.allocator), segments, L, n_keep, 0,
-                                 ratio, n_forced, [&](std::int64_t t) {
+                                 target, n_forced, [&](std::int64_t t) {
                                    std::int32_t* end = p.forced + p.n_forced;
                                    std::int32_t* at = std::lower_bound(p.forced, end, static_cast<std::int32_t>(t));
                                    if (at != end && *at == t) return false;

@@ -9,28 +9,31 @@
 
 #include "fairkv/allocator.hpp"
 #include "fairkv/allocators/protection.hpp"
+#include "fairkv/budget.hpp"
 #include "fairkv/detail/protected_tokens.hpp"
 #include "fairkv/segments.hpp"
 #include "fairkv/status.hpp"
 
 namespace fairkv::detail {
 
-// Forces sequence `seq`'s tokens (L tokens, budget n_keep) into an empty forced set: the whitelist (validated),
-// whose distinct positions must fit the budget, then the protection's boundary tokens and sinks. `add(t)` forces
-// t and returns false if it was forced already; `forced` receives the number of distinct forced tokens.
+// Forces sequence `seq`'s tokens (L tokens, budget n_keep = target.n_keep(L)) into an empty forced set: the
+// whitelist (validated), whose distinct positions must fit the budget, then the protection's boundary tokens and
+// sinks. `add(t)` forces t and returns false if it was forced already; `forced` receives the number of distinct
+// forced tokens. `target` only words the messages.
 template <class Add>
 [[nodiscard]] result force_tokens(std::span<const std::int32_t> whitelist, const allocators::protection& protect,
                                   std::span<const segment> segments, std::int64_t L, std::int64_t n_keep,
-                                  std::int64_t seq, double ratio, std::int64_t& forced, Add&& add) noexcept {
+                                  std::int64_t seq, const keep_target& target, std::int64_t& forced,
+                                  Add&& add) noexcept {
   forced = 0;
   for (const std::int32_t t : whitelist) forced += add(t) ? 1 : 0;
   if (forced > n_keep)
     return result::error(status::budget_exceeded,
                          "the whitelist holds %lld distinct positions but sequence %lld keeps only %lld of its %lld "
-                         "tokens at ratio %g",
+                         "tokens at %s",
                          static_cast<long long>(forced), static_cast<long long>(seq), static_cast<long long>(n_keep),
-                         static_cast<long long>(L), ratio);
-  return add_protected(protect, segments, L, n_keep, seq, ratio, forced, add);
+                         static_cast<long long>(L), describe_target(target).text);
+  return add_protected(protect, segments, L, n_keep, seq, target, forced, add);
 }
 
 // Budgets per (head, group) from the allocator, checked so that a user-written allocator cannot produce an
