@@ -194,8 +194,8 @@ py_plan plan(nb::handle keys, nb::handle queries, nb::handle scores, std::option
 
   if (ratio.has_value() == budget.has_value())
     raise_argument("give exactly one of ratio (the fraction of tokens to evict) and budget (tokens to keep)");
-  if (budget) raise(to_string(status::not_supported), "budget: a token budget is not supported yet");
-  r.ratio = *ratio;
+  // Checked by the library with the rest of the request (a ratio outside [0, 1), a budget below 1).
+  r.target = budget ? keep_target::of_tokens(*budget) : keep_target::of_ratio(*ratio);
 
   // The arrays. Keep the casts alive until planning is done: they hold references to the caller's buffers.
   any_array k, q, s;

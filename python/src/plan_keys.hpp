@@ -21,7 +21,7 @@ result plan_keys(const plan_request& r, keep_plan& out) noexcept {
       return result::error(status::internal_error, "external scores reached the keys path");
     } else {
       return cpu::plan(pol, in, std::span<const segment>(r.segments), std::span<const std::int32_t>(r.whitelist),
-                       r.ratio, out);
+                       r.target, out);
     }
   });
 }

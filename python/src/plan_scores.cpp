@@ -14,7 +14,7 @@ result plan_scores(const plan_request& r, keep_plan& out) noexcept {
   // Only the external scorer is instantiated: the selector and allocator are dispatched as usual.
   return detail::dispatch_selector(spec, scorers::external{}, [&](const auto& pol) -> result {
     return cpu::plan(pol, in, std::span<const segment>(r.segments), std::span<const std::int32_t>(r.whitelist),
-                     r.ratio, out);
+                     r.target, out);
   });
 }
 

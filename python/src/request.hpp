@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "fairkv/budget.hpp"
 #include "fairkv/dispatch.hpp"
 #include "fairkv/dtype.hpp"
 #include "fairkv/keep_plan.hpp"
@@ -35,7 +36,7 @@ struct plan_request {
   float scale = 0.0f;
   std::vector<segment> segments;
   std::vector<std::int32_t> whitelist;
-  double ratio = 0.0;
+  keep_target target{};  // a ratio or a token budget
 };
 
 template <class T>

@@ -216,6 +216,9 @@ def test_ratio_zero_gives_identical_answers(model, input_ids):
         tokens, logits = greedy(model, input_ids, press)
         assert tokens == base_tokens
         assert torch.equal(logits, base_logits)
+    # A token budget of the whole context goes through planning and compaction and changes nothing either.
+    tokens, logits = greedy(model, input_ids, FairPress(TOVAPress(), segments=[(2, 20), (20, 40)], budget=L))
+    assert tokens == base_tokens and torch.equal(logits, base_logits)
     # Compressed, the model still answers, from a cache of the planned length.
     press = FairPress(SnapKVPress(compression_ratio=0.5, window_size=8), segments=[(2, 20), (20, 40)], record=True)
     tokens, _ = greedy(model, input_ids, press)

@@ -123,6 +123,23 @@ def test_fair_splits_the_budget_by_largest_remainder_and_keeps_the_sinks():
             assert set(range(4)) <= set(p4.kept(0, 0).tolist())
 
 
+def test_a_token_budget_keeps_that_many_tokens_and_a_shorter_sequence_whole():
+    r = rng(8)
+    k = r.standard_normal((2, 3, 50, 8), dtype=np.float32)
+    for budget in (1, 7, 25, 49, 50, 500):
+        p = fairkv.plan(k, budget=budget, segments=[(4, 20), (20, 45)])
+        assert p.counts.tolist() == [[min(budget, 50)] * 3] * 2
+    # The same plan as the ratio that keeps as many tokens.
+    np.testing.assert_array_equal(fairkv.plan(k, budget=25).indices, fairkv.plan(k, ratio=0.5).indices)
+    for bad, text in ((0, "budget"), (-3, "budget")):
+        with pytest.raises(fairkv.Error) as e:
+            fairkv.plan(k, budget=bad)
+        assert e.value.status == "invalid argument" and text in str(e.value)
+    with pytest.raises(fairkv.Error) as e:
+        fairkv.plan(k, budget=3, whitelist=[1, 2, 3, 4])
+    assert e.value.status == "budget exceeded" and "a budget of 3 tokens" in str(e.value)
+
+
 def test_whitelist_is_always_kept():
     r = rng(4)
     k = r.standard_normal((1, 4, 80, 8), dtype=np.float32)
