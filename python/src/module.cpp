@@ -45,9 +45,13 @@ std::string py_type_name(nb::handle h) { return nb::cast<std::string>(nb::handle
 // error rather than a silent float32 copy that compaction would then write into instead of the caller's memory.
 any_array as_array(nb::handle h, const char* name) {
   any_array a;
-  if (!nb::try_cast(h, a, /*convert=*/false))
-    raise_argument(std::string(name) + " must be a numpy array or a torch tensor (anything exporting DLPack or the "
-                   "buffer protocol), not " + py_type_name(h));
+  if (!nb::try_cast(h, a, /*convert=*/false)) {
+    // A tensor that exports nothing readable (e.g. torch's meta device) says where it lives.
+    const std::string where =
+        nb::hasattr(h, "device") ? " on device '" + std::string(nb::str(nb::object(h.attr("device"))).c_str()) + "'" : "";
+    raise_argument(std::string(name) + " must be a numpy array or a torch tensor in host memory (anything exporting "
+                   "DLPack or the buffer protocol), not a " + py_type_name(h) + where);
+  }
   if (a.device_type() != nb::device::cpu::value)
     raise(to_string(status::not_supported),
           std::string(name) + " is not in host memory: the Python module runs on the CPU (move the tensor with "
@@ -80,6 +84,12 @@ void read_shape(const any_array& a, const char* name, const char* layout, std::i
     shape[i] = static_cast<std::int64_t>(a.shape(i));
     strides[i] = a.stride(i);
   }
+  // numpy reports zero strides for an empty array; the library would call them aliasing, so say what is wrong.
+  for (std::size_t i = 0; i < N; ++i)
+    if (shape[i] == 0)
+      raise(to_string(i == 2 ? status::empty_cache : status::invalid_shape),
+            std::string(name) + " is empty: its shape " + layout + " has a zero extent (dimension " +
+                std::to_string(i) + ")");
 }
 
 raw_view raw_of(const any_array& a, const char* name) {

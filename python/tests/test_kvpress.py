@@ -242,6 +242,27 @@ def test_compact_on_torch_tensors_equals_a_gather(dtype):
     np.testing.assert_array_equal(fairkv.plan(k32.to(dtype), ratio=0.5).indices, fairkv.plan(k32, ratio=0.5).indices)
 
 
+def test_torch_tensors_the_module_cannot_read_or_write_are_refused_untouched():
+    keys, values = torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
+    plan = fairkv.plan(keys, ratio=0.5)
+    with pytest.raises(fairkv.Error) as e:
+        fairkv.plan(torch.empty(1, 2, 40, 8, device="meta"), ratio=0.5)
+    assert "meta" in str(e.value)
+    broadcast = torch.randn(1, 1, 1, 8).expand(1, 2, 40, 8)  # every row the same memory
+    before = values.clone()
+    with pytest.raises(fairkv.Error) as e:
+        fairkv.compact(plan, broadcast, values)
+    assert "overlapping" in str(e.value) and torch.equal(values, before)
+    # Strided torch views (a token-major cache seen head-major) are read and written where they are.
+    token_major = torch.randn(1, 40, 2, 8)
+    k = token_major.transpose(1, 2)
+    v = torch.randn(1, 40, 2, 8).transpose(1, 2)
+    want = k.gather(2, torch.from_numpy(fairkv.plan(k, ratio=0.5).indices[:, :, :20].astype("int64"))
+                    .unsqueeze(-1).expand(-1, -1, -1, 8)).clone()
+    fairkv.compact(fairkv.plan(k, ratio=0.5), k, v)
+    assert torch.equal(token_major.transpose(1, 2)[:, :, :20], want)
+
+
 def tiny_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 

@@ -190,6 +190,10 @@ def test_errors_are_value_errors_with_the_library_message_and_leave_the_arrays_u
         (lambda: fairkv.plan(k, whitelist=[2**40], ratio=0.5), "out of range", "whitelist[0]"),
         (lambda: fairkv.plan(k.astype(np.float64), ratio=0.5), "invalid argument", "float32"),
         (lambda: fairkv.plan(k[0], ratio=0.5), "invalid shape", "4 dimensions"),
+        (lambda: fairkv.plan(k[:, :, :0], ratio=0.5), "empty cache", "keys is empty"),
+        (lambda: fairkv.plan(k[:, :0], ratio=0.5), "invalid shape", "keys is empty"),
+        (lambda: fairkv.plan(k[:, :, ::-1], ratio=0.5), "invalid shape", "stride"),
+        (lambda: fairkv.plan(np.broadcast_to(k[:, :1], (1, 2, 40, 4)), ratio=0.5), "invalid shape", "overlapping"),
         (lambda: fairkv.plan([[1.0]], ratio=0.5), "invalid argument", "numpy array"),
         (lambda: fairkv.plan(k, scores=np.zeros((1, 2, 40), np.float32), scorer="knorm", ratio=0.5),
          "invalid argument", "external"),
@@ -211,6 +215,8 @@ def test_errors_are_value_errors_with_the_library_message_and_leave_the_arrays_u
         (lambda: fairkv.compact(p, k, v.astype(np.float16)), "dtype"),
         (lambda: fairkv.compact(p, k[:, :, :30], v[:, :, :30]), "keys"),  # fewer tokens than the plan
     ]
+    buffer = np.zeros((1, 2, 41, 4), np.float32)
+    compact_cases.append((lambda: fairkv.compact(p, buffer[:, :, :40], buffer[:, :, 1:]), "overlap"))
     ro = v.copy()
     ro.setflags(write=False)
     compact_cases.append((lambda: fairkv.compact(p, k, ro), "read-only"))
@@ -220,6 +226,7 @@ def test_errors_are_value_errors_with_the_library_message_and_leave_the_arrays_u
         assert text in str(e.value), str(e.value)
     np.testing.assert_array_equal(k, k0)
     np.testing.assert_array_equal(v, v0)
+    assert not buffer.any()
     with pytest.raises(fairkv.Error):
         p.kept(0, 2)
 
