@@ -173,6 +173,18 @@ inline const std::vector<option>& options() {
        [](state& s, std::string_view n, const std::string& v) {
          s.cfg().compress.boundary = parse_int(n, v, 0, max_boundary);
        }},
+      {"--segments", "MODE", true, false,
+       "markers | lines | paragraphs | sentences: the segments fair eviction allocates over (default:\n"
+       "the [[seg:]] markers if any, else lines); with markers and another MODE the report still\n"
+       "measures the marked segments (and lists the others as allocation_segments)",
+       [](state& s, std::string_view n, const std::string& v) {
+         try {
+           (void)parse_segmentation(v);
+         } catch (const std::runtime_error&) {
+           fail(n, "unknown mode '" + v + "' (markers, lines, paragraphs, sentences)");
+         }
+         s.cfg().compress.segmentation = v;
+       }},
       {"--whitelist", "PHRASE", true, true,
        "force-keep every token of each occurrence of PHRASE (repeatable, not empty)",
        [](state& s, std::string_view n, const std::string& v) {
@@ -212,7 +224,7 @@ inline const std::vector<option>& options() {
        [](state& s, std::string_view, const std::string&) { s.a.opt.quiet = true; }},
       {"--config", "", false, true,
        "start a configuration of a sweep: the per-configuration options after it (--policy\n"
-       "--ratio --window --fair --fair-mode --sinks --boundary --whitelist --selector, until the\n"
+       "--ratio --window --fair --fair-mode --sinks --boundary --segments --whitelist --selector, until the\n"
        "next --config) apply to it, on top of those given before the first --config; the other\n"
        "options must come before the first --config. The system turn is prefilled once; all\n"
        "(configuration, user turn) answers are decoded together, each exactly as a run of it\n"

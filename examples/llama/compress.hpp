@@ -28,6 +28,8 @@ struct compress_request {
   std::string fair_mode = "proportional";  // proportional (fairkv) | paper (the paper's two-span presses)
   int sinks = -1;                      // attention sinks kept under fair, [0, max_sinks]; -1: the mode's default (4, paper 0)
   int boundary = 0;                    // first/last `boundary` tokens of every segment kept under fair
+  std::string segmentation;            // --segments: "" (markers when the prompt has them, else lines), or
+                                       // markers | lines | paragraphs | sentences (auto_segments.hpp)
   std::vector<fairkv::segment> segments;  // token ranges in the system turn (used for allocation when fair)
   std::vector<int32_t> whitelist;         // system-turn token indices always kept
 };

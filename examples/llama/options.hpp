@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "auto_segments.hpp"
 #include "compress.hpp"
 #include "forward.hpp"
 #include "json.hpp"
@@ -59,13 +60,18 @@ inline void check_config(const compress_config& cfg) {
   check_range("--boundary", c.boundary, 0, max_boundary);
   for (const std::string& phrase : cfg.whitelist)
     if (phrase.empty()) throw std::runtime_error("--whitelist: empty phrase");
+  if (!c.segmentation.empty()) (void)parse_segmentation(c.segmentation);
 }
 
 // Everything about the request that can be refused without the model.
 inline void check_request(const runner_options& opt, const std::vector<compress_config>& configs) {
   if (opt.users.empty()) throw std::runtime_error("no user turn (--user)");
   if (configs.empty()) throw std::runtime_error("no compression configuration");
-  for (const compress_config& c : configs) check_config(c);
+  for (const compress_config& c : configs) {
+    check_config(c);
+    if (c.compress.segmentation == "markers" && opt.system.find("[[seg:") == std::string::npos)
+      throw std::runtime_error("--segments markers: the system prompt has no [[seg:NAME]] marker");
+  }
   check_range("--max-new-tokens", opt.max_new_tokens, 0, max_token_count);
   check_range("--max-batch", opt.max_batch, 1, max_batch_cap);
 }

@@ -26,7 +26,8 @@ struct run_report {
   int system_tokens = 0;
   int n_layers = 0, n_kv_heads = 0;
   int window_used = 0;
-  std::vector<segment_info> segments;
+  std::vector<segment_info> segments;             // measured: the [[seg:]] markers, else the allocation's
+  std::vector<segment_info> allocation_segments;  // --segments MODE over a marked prompt: what fair allocated over
   std::vector<std::vector<double>> kept_per_layer;  // [n_layers][n_segments] kept fractions (mean over heads)
   int sinks = 0;                                     // attention sinks the allocator protected
   int sink_tokens = 0;                               // leading tokens measured: max(sinks, 4)
@@ -103,6 +104,14 @@ inline std::string to_json(const run_report& r) {
          ", \"text\": " + quote(g.text) + "}";
   }
   s += r.segments.empty() ? "],\n" : "\n  ],\n";
+  s += "  \"segmentation\": " + quote(o.compress.segmentation.empty() ? "default" : o.compress.segmentation) + ",\n";
+  s += "  \"allocation_segments\": [";
+  for (size_t i = 0; i < r.allocation_segments.size(); ++i) {
+    const segment_info& g = r.allocation_segments[i];
+    s += std::string(i ? ", " : "") + "{\"name\": " + quote(g.name) + ", \"begin\": " + std::to_string(g.begin) +
+         ", \"end\": " + std::to_string(g.end) + "}";
+  }
+  s += "],\n";
   s += "  \"kept_per_layer\": [";
   for (size_t l = 0; l < r.kept_per_layer.size(); ++l) {
     s += std::string(l ? ", " : "") + "[";

@@ -95,10 +95,20 @@ inline std::vector<run_report> start_reports(std::vector<compress_config>& confi
   for (size_t c = 0; c < configs.size(); ++c) {
     compress_request& cr = configs[c].compress;
     reps[c].warnings = p.warnings;
+    // The marked segments are what a report measures; --segments MODE may allocate over others.
+    const segmentation mode = cr.segmentation.empty() ? (ps.marked ? segmentation::markers : segmentation::lines)
+                                                       : parse_segmentation(cr.segmentation);
+    std::vector<segment_info> alloc = p.segments;
+    if (mode != segmentation::markers && (ps.marked || mode != segmentation::lines)) {
+      const parsed_system split{ps.text, split_text(ps.text, mode), false};
+      alloc = map_segments(split, p.system.text, p.system.tokens.offsets, p.system.content.begin, reps[c].warnings);
+    }
+    reps[c].segments = ps.marked ? p.segments : alloc;
+    if (ps.marked && mode != segmentation::markers) reps[c].allocation_segments = alloc;
     cr.segments.clear();
     if (cr.fair)
-      for (const segment_info& s : p.segments) cr.segments.push_back({s.begin, s.end});
-    if (cr.fair && p.segments.empty()) warn(reps[c].warnings, "--fair: the system prompt has no segment");
+      for (const segment_info& s : alloc) cr.segments.push_back({s.begin, s.end});
+    if (cr.fair && alloc.empty()) warn(reps[c].warnings, "--fair: the system prompt has no segment");
     cr.whitelist = whitelist_tokens(configs[c].whitelist, ps, p.system, reps[c].warnings);
   }
   return reps;
@@ -215,7 +225,6 @@ inline std::vector<run_report> run_configs(runner_options opt, std::vector<compr
     rep.n_layers = hp.n_layers;
     rep.n_kv_heads = hp.n_kv_heads;
     rep.system_tokens = n_sys;
-    rep.segments = prompt.segments;
     rep.threads = eng.threads();
     rep.load_ms = load_ms;
     rep.prefill_ms = sys_prefill_ms;

@@ -12,17 +12,13 @@
 #include <string_view>
 #include <vector>
 
+#include "auto_segments.hpp"
 #include "chat.hpp"
 #include "console.hpp"
 #include "json.hpp"
 #include "tokenizer.hpp"
 
 namespace llama {
-
-struct text_segment {
-  std::string name;
-  size_t begin = 0, end = 0;  // bytes of the cleaned system text
-};
 
 struct parsed_system {
   std::string text;  // markers removed
@@ -61,16 +57,7 @@ inline parsed_system parse_system_segments(std::string_view system) {
     out.marked = true;
     return out;
   }
-  size_t line_start = 0;
-  int n = 0;
-  while (line_start <= out.text.size()) {
-    size_t nl = out.text.find('\n', line_start);
-    if (nl == std::string::npos) nl = out.text.size();
-    const std::string_view line(out.text.data() + line_start, nl - line_start);
-    if (line.find_first_not_of(" \t\r") != std::string_view::npos)
-      out.segments.push_back({"line" + std::to_string(++n), line_start, nl});
-    line_start = nl + 1;
-  }
+  out.segments = split_text(out.text, segmentation::lines);
   return out;
 }
 

@@ -48,6 +48,7 @@ def main():
         "--policy": ["", "lru", "SnapKV", "snapkv ", "external"],  # external: scores the runner does not have
         "--selector": ["", "perhead", "union "],
         "--fair-mode": ["", "fair", "Paper", "proportional "],
+        "--segments": ["", "words", "Sentences", "lines "],
         "--whitelist": [""],
         "--model": ["", tmp, os.path.join(tmp, "missing.gguf")],
         "--system-file": ["", tmp, os.path.join(tmp, "missing.txt"), empty_file],
@@ -68,7 +69,7 @@ def main():
         for v in values:
             expect_error(base + [opt, v], opt, f"{opt} {v!r}")
             if opt in ("--ratio", "--window", "--sinks", "--boundary", "--policy", "--selector", "--fair-mode",
-                       "--whitelist"):  # per-configuration options are as strict inside a --config
+                       "--segments", "--whitelist"):  # per-configuration options are as strict inside a --config
                 expect_error(base + ["--config", opt, v], opt, f"--config {opt} {v!r}")
     # A missing value, a repeated option, a global option after --config, exclusive options, no --user.
     for opt in list(table) + ["--system", "--user"]:
@@ -84,6 +85,9 @@ def main():
     expect_error(base + ["--boundary", "2"], "--boundary", "--boundary without --fair")
     expect_error(base + ["--fair-mode", "paper"], "--fair-mode", "--fair-mode paper without --fair")
     expect_error(base + ["--frobnicate"], "--frobnicate", "unknown option")
+    # --segments markers needs [[seg:]] markers in the system prompt.
+    expect_error(base + ["--system", "Be brief. Be kind.", "--segments", "markers"], "--segments markers",
+                 "--segments markers without a marker")
     # A bad name's message lists the valid ones (fairkv::parse's list for --policy and --selector).
     for opt, bad, listed in (("--policy", "lru", ["knorm", "snapkv", "h2o", "none"]),
                              ("--selector", "perhead", ["per_head", "union_heads", "head_adaptive"]),
@@ -100,6 +104,8 @@ def main():
              ["--max-batch", "1024"], ["--window", "1"], ["--sinks", "0", "--fair"], ["--sinks", "1024", "--fair"],
              ["--boundary", "0"], ["--boundary", "1024", "--fair"], ["--fair-mode", "paper", "--fair"],
              ["--fair-mode", "proportional"], ["--policy", "none"],
+             ["--segments", "sentences", "--fair"], ["--segments", "paragraphs"], ["--segments", "lines"],
+             ["--system-file", good_file, "--segments", "markers"],
              # --policy and --selector take what fairkv::parse takes, its aliases included.
              ["--policy", "observed_attention"], ["--selector", "union_heads"], ["--selector", "union"],
              ["--system-file", good_file], ["--json", os.path.join(tmp, "out.json")], ["--allow-long-context"],

@@ -129,6 +129,18 @@ def main():
             assert sweep[i][k] == alone[k], (i, k, sweep[i][k], alone[k])
         assert [t["answer"] for t in sweep[i]["turns"]] == [t["answer"] for t in alone["turns"]], (i, sweep[i])
     print("sweep: 2 configurations equal to their runs alone, the infeasible one reported:", sweep[1]["error"][:80])
+    # --segments: fair allocates over the sentences while the report still measures the marked segments.
+    sent = run(binary, "--model", model, "--policy", "snapkv", "--ratio", "0.5", "--window", "16", "--fair",
+               "--segments", "sentences")
+    assert sent["segmentation"] == "sentences" and [s["name"] for s in sent["segments"]] == ["defense", "task"]
+    alloc = sent["allocation_segments"]
+    assert len(alloc) > 2 and all(a["begin"] < a["end"] for a in alloc), alloc
+    assert all(a["end"] == b["begin"] for a, b in zip(alloc, alloc[1:])), alloc  # sentences of one text: contiguous
+    gold = {s["begin"] for s in sent["segments"]} | {s["end"] for s in sent["segments"]}
+    assert gold <= {a["begin"] for a in alloc} | {a["end"] for a in alloc}, (gold, alloc)  # markers start sentences
+    assert base["allocation_segments"] == [] and base["segmentation"] == "default"
+    print(f"--segments sentences: {len(alloc)} allocation segments, defense kept "
+          f"{sent['segments'][0]['kept_fraction']:.3f}")
     check_bad_input(binary, model)
     print("OK: fairkv-llama --json report checked")
     return 0
