@@ -43,6 +43,7 @@ class Config:
     fair_mode: str | None = None    # --fair-mode proportional|paper (with --fair; paper: exactly two segments)
     sinks: int | None = None        # --sinks N: attention sinks kept under fair (None: the runner's default, 4)
     boundary: int = 0               # --boundary K: keep the first and last K tokens of every segment (0: off)
+    segments: str | None = None     # --segments MODE: allocate over lines|paragraphs|sentences (None: the markers)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -85,6 +86,8 @@ def config_args(c: Config) -> list[str]:
         args += ["--sinks", str(c.sinks)]
     if c.boundary:
         args += ["--boundary", str(c.boundary)]
+    if c.segments:
+        args += ["--segments", c.segments]
     for w in c.whitelist:
         args += ["--whitelist", w]
     return args
