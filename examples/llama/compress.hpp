@@ -6,6 +6,7 @@
 // here and nowhere else.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <stdexcept>
@@ -30,6 +31,9 @@ struct compress_request {
   int boundary = 0;                    // first/last `boundary` tokens of every segment kept under fair
   std::vector<fairkv::segment> segments;  // token ranges in the system turn (used for allocation when fair)
   std::vector<int32_t> whitelist;         // system-turn token indices always kept
+  // Score SnapKV / TOVA / H2O by recomputing attention from the captured queries even where the prefill's own
+  // statistics would do (the reference path: both must agree; tests/llama/test_prefill_stats.cpp).
+  bool recompute_attention = false;
 };
 
 struct compress_result {
@@ -86,6 +90,31 @@ inline bool policy_needs_queries(std::string_view policy) {
   return kind != fairkv::scorer_kind::knorm && kind != fairkv::scorer_kind::streaming_llm;
 }
 
+// Which attention statistic a configuration scores with. Segment-local scoring (--fair) needs attention that does
+// not cross segments: H2O's column sums cannot be split by segment at all, and the window rows' renormalisation
+// covers only runs whose window rows they contain, so fair configurations recompute from the queries. Paper mode
+// recomputes too (its spans' statistics are slices of the full softmax, computed in score_paper).
+enum class attention_input { none, queries, column_sums, last_rows };
+
+inline attention_input attention_input_of(const compress_request& r) {
+  fairkv::scorer_kind kind{};
+  if (r.policy == "none" || !fairkv::parse(r.policy, kind)) return attention_input::none;
+  if (kind == fairkv::scorer_kind::knorm || kind == fairkv::scorer_kind::streaming_llm) return attention_input::none;
+  if (r.fair || r.recompute_attention) return attention_input::queries;
+  return kind == fairkv::scorer_kind::h2o ? attention_input::column_sums : attention_input::last_rows;
+}
+
+// SnapKV's window after clamping to a system turn of n_sys tokens (kvpress requires more tokens than the window).
+inline int window_used_of(const compress_request& r, int n_sys) { return std::max(1, std::min(r.window, n_sys - 1)); }
+
+// The attention rows a configuration reads from the prefill: SnapKV's window, TOVA's last row.
+inline int last_rows_needed(const compress_request& r, int n_sys) {
+  if (attention_input_of(r) != attention_input::last_rows) return 0;
+  fairkv::scorer_kind kind{};
+  (void)fairkv::parse(r.policy, kind);
+  return kind == fairkv::scorer_kind::snapkv ? window_used_of(r, n_sys) : 1;
+}
+
 // The CLI's names as a fairkv::policy_spec; fairkv::dispatch instantiates the policy it names.
 inline fairkv::policy_spec policy_spec_of(const compress_request& r, int window) {
   fairkv::policy_spec spec;
@@ -112,7 +141,7 @@ inline compress_result compress_system_turn(kv_cache& cache, int n_sys, const co
   out.kept.assign(size_t(n_layers), std::vector<std::vector<uint8_t>>(size_t(n_kv), std::vector<uint8_t>(size_t(n_sys), 1)));
   if (req.policy == "none") return out;
   // kvpress requires more tokens than the window; clamp so short system prompts still compress.
-  out.window_used = std::max(1, std::min(req.window, n_sys - 1));
+  out.window_used = window_used_of(req, n_sys);
   const fairkv::policy_spec spec = policy_spec_of(req, out.window_used);
   out.sinks = sinks_of(req);
 
@@ -123,14 +152,41 @@ inline compress_result compress_system_turn(kv_cache& cache, int n_sys, const co
         throw std::runtime_error("compress_system_turn: layer " + std::to_string(l) + " head " + std::to_string(g) +
                                  " holds " + std::to_string(cl.len[size_t(g)]) + " tokens, expected the " +
                                  std::to_string(n_sys) + " of the system turn");
-    const bool with_q = policy_needs_queries(req.policy);
-    if (with_q && cl.sys_q.size() != size_t(cache.n_heads()) * size_t(n_sys) * size_t(hd))
-      throw std::runtime_error("compress_system_turn: the system turn's queries were not captured");
+    const size_t nh = size_t(cache.n_heads()), n = size_t(n_sys);
+    const bool have_q = cl.sys_q.size() == nh * n * size_t(hd);
+    attention_input src = attention_input_of(req);
+    // A prefill that kept only queries (an older caller, or one that asked for them) still serves every policy.
+    if (src == attention_input::column_sums && cl.sys_colsum.size() != nh * n && have_q) src = attention_input::queries;
+    const int rows_needed = last_rows_needed(req, n_sys);
+    const bool have_rows = cl.sys_rows_n >= rows_needed && cl.sys_rows.size() == nh * size_t(cl.sys_rows_n) * n;
+    if (src == attention_input::last_rows && !have_rows && have_q) src = attention_input::queries;
 
     fairkv::kv_view<float> keys = cache.k_view(l, n_sys), values = cache.v_view(l, n_sys);
     auto inputs = fairkv::keys_only(keys);
-    if (with_q)  // [1, n_heads, n_sys, head_dim]
-      inputs.queries = fairkv::make_contiguous_view<const float>(cl.sys_q.data(), 1, cache.n_heads(), n_sys, hd);
+    switch (src) {
+      case attention_input::none: break;
+      case attention_input::queries:
+        if (!have_q) throw std::runtime_error("compress_system_turn: the system turn's queries were not captured");
+        // [1, n_heads, n_sys, head_dim]
+        inputs.queries = fairkv::make_contiguous_view<const float>(cl.sys_q.data(), 1, cache.n_heads(), n_sys, hd);
+        break;
+      case attention_input::column_sums:
+        if (cl.sys_colsum.size() != nh * n)
+          throw std::runtime_error("compress_system_turn: the system turn's attention column sums were not captured");
+        inputs.attention_column_sums = cl.sys_colsum.data();  // [1, n_heads, n_sys]
+        inputs.attention_q_heads = cache.n_heads();
+        break;
+      case attention_input::last_rows:
+        if (!have_rows)
+          throw std::runtime_error("compress_system_turn: the system turn's last " + std::to_string(rows_needed) +
+                                   " attention rows were not captured");
+        // [1, n_heads, sys_rows_n, n_sys]: every captured row; the scorer reads the last ones it needs.
+        inputs.attention = cl.sys_rows.data();
+        inputs.attention_rows = cl.sys_rows_n;
+        inputs.attention_ld = n_sys;
+        inputs.attention_q_heads = cache.n_heads();
+        break;
+    }
     fairkv::keep_plan plan;
     const fairkv::result res = fairkv::dispatch(spec, [&](const auto& pol) {
       return fairkv::cpu::plan(pol, inputs, std::span<const fairkv::segment>(req.segments),
@@ -145,8 +201,7 @@ inline compress_result compress_system_turn(kv_cache& cache, int n_sys, const co
     if (const fairkv::result c = fairkv::cpu::compact(plan.view(), keys, values); !c.ok())
       throw std::runtime_error("fairkv compact (layer " + std::to_string(l) + "): " + c.message());
     for (int g = 0; g < n_kv; ++g) cl.len[size_t(g)] = plan.count(0, g);
-    cl.sys_q.clear();  // only needed for scoring
-    cl.sys_q.shrink_to_fit();
+    kv_cache::drop_captures(cl);  // only needed for scoring
   }
   return out;
 }
