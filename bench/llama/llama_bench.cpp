@@ -95,13 +95,19 @@ int main(int argc, char** argv) {
 
     // Compression time of each policy at ratio 0.5 on the prefilled prompt (uniform and fair over two halves),
     // against the time of the prefill itself.
+    // The prefill keeps what every configuration below reads: queries for the fair (segment-local) ones, H2O's
+    // column sums and the last 64 attention rows for the others (compress.hpp, attention_input_of).
     eng.reset();
+    llama::capture_options capture;
+    capture.queries = capture.column_sums = true;
+    capture.last_rows = 64;
     auto t0 = std::chrono::steady_clock::now();
-    eng.feed(prompt, false, /*capture_queries=*/true);
+    llama::sequence seq = eng.make_sequence(n_prompt);
+    eng.feed(seq, prompt, false, capture);
     const double prefill_ms = seconds_since(t0) * 1000.0;
-    const llama::kv_cache prefilled = eng.cache();
-    std::printf("compression of the %d-token prompt at ratio 0.5 (prefill with query capture: %.1f ms)\n", n_prompt,
-                prefill_ms);
+    const llama::kv_cache prefilled = seq.cache;
+    std::printf("compression of the %d-token prompt at ratio 0.5 (prefill with query and statistics capture: %.1f "
+                "ms; compression on the same %d-thread pool)\n", n_prompt, prefill_ms, threads);
     for (const char* pol : {"knorm", "streaming_llm", "snapkv", "tova", "h2o"}) {
       for (bool fair : {false, true}) {
         llama::compress_request req;
@@ -114,7 +120,7 @@ int main(int argc, char** argv) {
         for (int r = 0; r < reps; ++r) {
           llama::kv_cache c = prefilled;
           t0 = std::chrono::steady_clock::now();
-          (void)llama::compress_system_turn(c, n_prompt, req);
+          (void)llama::compress_system_turn(c, n_prompt, req, llama::pool_executor{&eng.pool()});
           ms.push_back(seconds_since(t0) * 1000.0);
         }
         std::printf("  %-14s %-8s %8.2f ms  (%.1f%% of prefill)\n", pol, fair ? "fair" : "uniform", median(ms),

@@ -17,6 +17,7 @@
 
 #include "fairkv/fairkv.hpp"
 #include "kv_cache.hpp"
+#include "thread_pool.hpp"
 
 namespace llama {
 
@@ -132,10 +133,23 @@ inline fairkv::policy_spec policy_spec_of(const compress_request& r, int window)
   return spec;
 }
 
+// The runner's thread pool as fairkv's executor (fairkv/cpu/executor.hpp): compression's KV heads become tasks
+// of the same fork-join pool as the forward pass, so no second set of threads competes for the cores.
+struct pool_executor {
+  thread_pool* pool;
+  [[nodiscard]] int64_t concurrency() const noexcept { return pool->size(); }
+  void run(int64_t n, fairkv::cpu::task_ref f) const {
+    pool->parallel_for(n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) f(i);
+    });
+  }
+};
+
 // Applies the requested policy to every layer of the cache, whose heads all hold the n_sys system-turn tokens
 // and, for attention scorers, whose layers carry the turn's post-RoPE queries (sys_q). Throws with fairkv's message on invalid input;
 // fairkv validates before writing, so a failure leaves the cache as it was for that layer.
-inline compress_result compress_system_turn(kv_cache& cache, int n_sys, const compress_request& req) {
+template <fairkv::cpu::executor E = fairkv::cpu::serial_executor>
+compress_result compress_system_turn(kv_cache& cache, int n_sys, const compress_request& req, const E& ex = {}) {
   compress_result out;
   const int n_layers = cache.n_layers(), n_kv = cache.n_kv_heads(), hd = cache.head_dim();
   out.kept.assign(size_t(n_layers), std::vector<std::vector<uint8_t>>(size_t(n_kv), std::vector<uint8_t>(size_t(n_sys), 1)));
@@ -189,7 +203,7 @@ inline compress_result compress_system_turn(kv_cache& cache, int n_sys, const co
     }
     fairkv::keep_plan plan;
     const fairkv::result res = fairkv::dispatch(spec, [&](const auto& pol) {
-      return fairkv::cpu::plan(pol, inputs, std::span<const fairkv::segment>(req.segments),
+      return fairkv::cpu::plan(ex, pol, inputs, std::span<const fairkv::segment>(req.segments),
                                std::span<const int32_t>(req.whitelist), req.ratio, plan);
     });
     if (!res.ok()) throw std::runtime_error("fairkv plan (layer " + std::to_string(l) + "): " + res.message());
@@ -198,7 +212,7 @@ inline compress_result compress_system_turn(kv_cache& cache, int n_sys, const co
       std::fill(k.begin(), k.end(), uint8_t{0});
       for (int32_t i : plan.kept(0, g)) k[size_t(i)] = 1;
     }
-    if (const fairkv::result c = fairkv::cpu::compact(plan.view(), keys, values); !c.ok())
+    if (const fairkv::result c = fairkv::cpu::compact(ex, plan.view(), keys, values); !c.ok())
       throw std::runtime_error("fairkv compact (layer " + std::to_string(l) + "): " + c.message());
     for (int g = 0; g < n_kv; ++g) cl.len[size_t(g)] = plan.count(0, g);
     kv_cache::drop_captures(cl);  // only needed for scoring

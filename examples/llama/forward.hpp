@@ -80,6 +80,8 @@ class engine {
   kv_cache& cache() noexcept { return main_.cache; }
   const kv_cache& cache() const noexcept { return main_.cache; }
   int threads() const noexcept { return opt_.threads; }
+  // The forward pass's pool, lent to compression between forward calls (it is not reentrant).
+  thread_pool& pool() noexcept { return *pool_; }
 
   // The engine's own sequence, which feed(tokens) extends.
   int n_past() const noexcept { return main_.n_past; }
