@@ -248,7 +248,7 @@ class ratio_reporter : public benchmark::ConsoleReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs) {
-      if (r.skipped) continue;
+      if (r.error_occurred) continue;
       const bool aggregate = r.run_type == Run::RT_Aggregate;
       if (aggregate && r.aggregate_name != "median") continue;
       if (!aggregate && r.repetitions > 1) continue;

@@ -145,6 +145,21 @@ struct pool_executor {
   }
 };
 
+// Whether a configuration's compression is worth the pool. Each layer costs three fork-joins (scoring,
+// selection, compaction); on a shared machine a join waits ~1 ms for a descheduled worker (measured:
+// docs/benchmarks.md, TOVA at 256 tokens went from 1.5 ms serial to 65 ms on a 2-thread pool under load), so
+// only configurations that recompute attention over a long turn (tens of millions of multiply-adds per layer)
+// take the pool; the statistics path and key / position scorers are a few ms for the whole cache.
+inline bool compress_in_parallel(const compress_request& r, int n_sys, int n_heads, int head_dim) {
+  if (attention_input_of(r) != attention_input::queries) return false;
+  fairkv::scorer_kind kind{};
+  (void)fairkv::parse(r.policy, kind);
+  const double n = n_sys, rows = kind == fairkv::scorer_kind::h2o ? n / 2 : kind == fairkv::scorer_kind::snapkv
+                                                                                ? window_used_of(r, n_sys)
+                                                                                : 1.0;
+  return double(n_heads) * rows * n * double(head_dim) >= 5e7;
+}
+
 // Applies the requested policy to every layer of the cache, whose heads all hold the n_sys system-turn tokens
 // and, for attention scorers, whose layers carry the turn's post-RoPE queries (sys_q). Throws with fairkv's message on invalid input;
 // fairkv validates before writing, so a failure leaves the cache as it was for that layer.

@@ -150,8 +150,11 @@ class turn_source {
     sequence comp = base_;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      const compress_result cr = compress_system_turn(comp.cache, n_sys_, configs_[c].compress,
-                                                         pool_executor{&eng_.pool()});
+      const compress_request& req = configs_[c].compress;
+      const compress_result cr =
+          compress_in_parallel(req, n_sys_, eng_.hp().n_heads, eng_.hp().head_dim)
+              ? compress_system_turn(comp.cache, n_sys_, req, pool_executor{&eng_.pool()})
+              : compress_system_turn(comp.cache, n_sys_, req);
       rep.compress_ms = ms_since(t0);
       rep.window_used = cr.window_used;
       record_kept(rep, cr, eng_.hp().n_layers, eng_.hp().n_kv_heads);
