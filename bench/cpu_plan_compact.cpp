@@ -2,13 +2,22 @@
 // for each policy, against a baseline measured in the same run: per head a plain std::nth_element on (score, index)
 // pairs + sort of the kept indices + memcpy compaction, with the same K-Norm scores computed by Eigen.
 // Each iteration restores the cache from a pristine copy outside the timed region, so every run does the same work.
+// Variants `@1t` / `@2t` pass a 1- / 2-thread executor (a persistent pool, cpu/executor.hpp) to plan and compact;
+// the ratio of each to the serial run of the same policy, measured in the same process, is printed at the end.
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "fairkv/fairkv.hpp"
@@ -90,8 +99,85 @@ void baseline_nth_element(benchmark::State& state) {
   set_bytes(state, L);
 }
 
+// A persistent pool: the caller takes part, the others wait on a condition variable between runs.
+class thread_executor {
+ public:
+  explicit thread_executor(int threads) : n_(threads) {
+    for (int i = 1; i < n_; ++i) workers_.emplace_back([this] { work(); });
+  }
+  ~thread_executor() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+  std::int64_t concurrency() const noexcept { return n_; }
+  void run(std::int64_t n, fairkv::cpu::task_ref f) const {
+    if (n_ == 1) {
+      for (std::int64_t i = 0; i < n; ++i) f(i);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      job_ = &f;
+      count_ = n;
+      next_.store(0);
+      done_ = 0;
+      ++generation_;
+    }
+    cv_.notify_all();
+    drain();
+    std::unique_lock<std::mutex> lock(m_);
+    done_cv_.wait(lock, [&] { return done_ == count_; });
+    job_ = nullptr;
+  }
+
+ private:
+  void drain() const {
+    std::int64_t mine = 0;
+    for (std::int64_t i = next_.fetch_add(1); i < count_; i = next_.fetch_add(1)) {
+      (*job_)(i);
+      ++mine;
+    }
+    if (mine == 0) return;
+    std::lock_guard<std::mutex> lock(m_);
+    done_ += mine;
+    if (done_ == count_) done_cv_.notify_all();
+  }
+  void work() const {
+    std::uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        cv_.wait(lock, [&] { return stop_ || (generation_ != seen && job_ != nullptr); });
+        if (stop_) return;
+        seen = generation_;
+      }
+      drain();
+    }
+  }
+
+  int n_;
+  std::vector<std::thread> workers_;
+  mutable std::mutex m_;
+  mutable std::condition_variable cv_, done_cv_;
+  mutable const fairkv::cpu::task_ref* job_ = nullptr;
+  mutable std::int64_t count_ = 0, done_ = 0;
+  mutable std::atomic<std::int64_t> next_{0};
+  mutable std::uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+const thread_executor& pool_of(int threads) {
+  static const thread_executor one(1), two(2);
+  return threads == 1 ? one : two;
+}
+
+// threads 0: the serial overloads; 1 or 2: the executor overloads with that pool.
 template <class S, class Sel, class A>
-void fairkv_policy(benchmark::State& state, S scorer) {
+void fairkv_policy(benchmark::State& state, S scorer, int threads) {
   const std::int64_t L = state.range(0);
   layer& l = get_layer(L);
   using P = fairkv::policy<S, Sel, A>;
@@ -106,7 +192,12 @@ void fairkv_policy(benchmark::State& state, S scorer) {
   const std::vector<std::int32_t> wl = A::uses_whitelist ? l.whitelist : std::vector<std::int32_t>{};
   // Workspace and plan allocated once, as an engine would.
   std::size_t bytes = 0;
-  if (!fairkv::cpu::plan(nullptr, bytes, P{scorer, {}, {}}, in, segs, wl, kRatio, fairkv::keep_plan_view{})) {
+  const fairkv::result q = threads == 0
+                               ? fairkv::cpu::plan(nullptr, bytes, P{scorer, {}, {}}, in, segs, wl, kRatio,
+                                                   fairkv::keep_plan_view{})
+                               : fairkv::cpu::plan(pool_of(threads), nullptr, bytes, P{scorer, {}, {}}, in, segs, wl,
+                                                   kRatio, fairkv::keep_plan_view{});
+  if (!q) {
     state.SkipWithError("workspace query failed");
     return;
   }
@@ -117,12 +208,17 @@ void fairkv_policy(benchmark::State& state, S scorer) {
     state.PauseTiming();
     l.restore();
     state.ResumeTiming();
-    const fairkv::result r = fairkv::cpu::plan(ws.data(), bytes, P{scorer, {}, {}}, in, segs, wl, kRatio, plan.view());
+    const fairkv::result r =
+        threads == 0 ? fairkv::cpu::plan(ws.data(), bytes, P{scorer, {}, {}}, in, segs, wl, kRatio, plan.view())
+                     : fairkv::cpu::plan(pool_of(threads), ws.data(), bytes, P{scorer, {}, {}}, in, segs, wl, kRatio,
+                                         plan.view());
     if (!r) {
       state.SkipWithError(r.message());
       return;
     }
-    if (!fairkv::cpu::compact(plan.view(), l.kv(), l.vv())) {
+    const fairkv::result c = threads == 0 ? fairkv::cpu::compact(plan.view(), l.kv(), l.vv())
+                                          : fairkv::cpu::compact(pool_of(threads), plan.view(), l.kv(), l.vv());
+    if (!c) {
       state.SkipWithError("compact failed");
       return;
     }
@@ -133,31 +229,70 @@ void fairkv_policy(benchmark::State& state, S scorer) {
 }
 
 template <class S, class Sel, class A>
-void add(const char* name, S scorer = {}) {
-  benchmark::RegisterBenchmark(name, [scorer](benchmark::State& st) { fairkv_policy<S, Sel, A>(st, scorer); })
-      ->Arg(4096)
-      ->Arg(32768)
-      ->Unit(benchmark::kMillisecond);
+void add(const char* name, S scorer = {}, bool threaded = false) {
+  for (int threads : {0, 1, 2}) {
+    if (threads > 0 && !threaded) break;
+    const std::string full = threads == 0 ? std::string(name) : std::string(name) + "@" + std::to_string(threads) + "t";
+    benchmark::RegisterBenchmark(full.c_str(),
+                                 [scorer, threads](benchmark::State& st) { fairkv_policy<S, Sel, A>(st, scorer, threads); })
+        ->Arg(4096)
+        ->Arg(32768)
+        ->Unit(benchmark::kMillisecond);
+  }
 }
+
+// The console output plus, at the end, each threaded variant's time over its serial run's (medians when
+// repeated, else the single run).
+class ratio_reporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run& r : runs) {
+      if (r.error_occurred) continue;
+      const bool aggregate = r.run_type == Run::RT_Aggregate;
+      if (aggregate && r.aggregate_name != "median") continue;
+      if (!aggregate && r.repetitions > 1) continue;
+      times_[r.run_name.str()] = r.GetAdjustedRealTime();
+    }
+  }
+  void Finalize() override {
+    ConsoleReporter::Finalize();
+    bool header = false;
+    for (const auto& [name, t] : times_) {
+      const std::size_t at = name.find('@');
+      if (at == std::string::npos) continue;
+      const std::size_t slash = name.find('/', at);
+      const std::string serial = name.substr(0, at) + (slash == std::string::npos ? "" : name.substr(slash));
+      const auto it = times_.find(serial);
+      if (it == times_.end()) continue;
+      if (!header) std::printf("\nthreaded variant / serial, same run:\n");
+      header = true;
+      std::printf("  %-40s %7.3f ms  x%.2f of serial (%.3f ms)\n", name.c_str(), t, t / it->second, it->second);
+    }
+  }
+
+ private:
+  std::map<std::string, double> times_;
+};
 
 void register_all() {
   using namespace fairkv;
   using ph = selectors::per_head;
   benchmark::RegisterBenchmark("baseline_nth_element", baseline_nth_element)->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond);
-  add<scorers::knorm, ph, allocators::uniform>("knorm/uniform");
+  add<scorers::knorm, ph, allocators::uniform>("knorm/uniform", {}, true);
   add<scorers::knorm, ph, allocators::whitelist>("knorm/whitelist");
-  add<scorers::knorm, ph, allocators::fair>("knorm/fair");
+  add<scorers::knorm, ph, allocators::fair>("knorm/fair", {}, true);
   add<scorers::knorm, ph, allocators::fair_with_whitelist>("knorm/fair_with_whitelist");
   add<scorers::knorm, ph, allocators::debias>("knorm/debias0.5", {});
   add<scorers::knorm, selectors::union_heads, allocators::uniform>("knorm/union/uniform");
   add<scorers::knorm, selectors::head_adaptive, allocators::uniform>("knorm/head_adaptive/uniform");
   add<scorers::streaming_llm<>, ph, allocators::uniform>("streaming_llm/uniform");
   add<scorers::streaming_llm<>, ph, allocators::fair_with_whitelist>("streaming_llm/fair_with_whitelist");
-  add<scorers::snapkv<16>, ph, allocators::uniform>("snapkv16/uniform");
+  add<scorers::snapkv<16>, ph, allocators::uniform>("snapkv16/uniform", {}, true);
   add<scorers::snapkv<16>, ph, allocators::whitelist>("snapkv16/whitelist");
-  add<scorers::tova, ph, allocators::uniform>("tova/uniform");
+  add<scorers::tova, ph, allocators::uniform>("tova/uniform", {}, true);
   add<scorers::tova, ph, allocators::whitelist>("tova/whitelist");
-  add<scorers::h2o, ph, allocators::uniform>("h2o_colsum/uniform");
+  add<scorers::h2o, ph, allocators::uniform>("h2o_colsum/uniform", {}, true);
   add<scorers::h2o, ph, allocators::whitelist>("h2o_colsum/whitelist");
 }
 
@@ -167,7 +302,8 @@ int main(int argc, char** argv) {
   register_all();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
+  ratio_reporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
   return 0;
 }

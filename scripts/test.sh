@@ -28,7 +28,8 @@ if [[ "${FAIRKV_PYTHON:-ON}" != "OFF" ]]; then bash scripts/test_python.sh; fi
 # 11 minutes on 2 idle cores). The runner's model-heavy cases take minutes each under ASan (two over 6 minutes), so
 # they are left to the Release run above; the rest (GGUF parsing and corruption, quantisation, tokenizer, chat,
 # model types, thread pool, and the lighter forward/runner cases that fill and compress a real cache) run in about
-# 100 CPU-seconds, the core tests in under 10.
+# 100 CPU-seconds, the core tests in under 10. The prefill-statistics test keeps its prefill and score comparison
+# (the statistics' writes are checked) and leaves its 36-configuration plan comparison to the Release run.
 ASAN_BUILD=${FAIRKV_ASAN_BUILD_DIR:-build-asan}
 cmake -S . -B "$ASAN_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
@@ -38,4 +39,5 @@ export UBSAN_OPTIONS=print_stacktrace=1
 ctest --test-dir "$ASAN_BUILD" --output-on-failure -R '^fairkv_core_tests$'
 # ctest sees the runner suite as one test, so its filter is doctest's, on the program itself.
 "$ASAN_BUILD/tests/llama/fairkv_llama_tests" \
-  --test-case-exclude='forward: logits*,forward: a batched decode*,runner: compression at ratio 0*,runner: fair eviction*,runner: a sweep*'
+  --test-case-exclude='forward: logits*,forward: a batched decode*,runner: compression at ratio 0*,runner: fair eviction*,runner: a sweep*' \
+  --subcase-exclude='plans equal except at near-ties*'

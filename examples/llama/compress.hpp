@@ -6,6 +6,7 @@
 // here and nowhere else.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <stdexcept>
@@ -16,6 +17,7 @@
 
 #include "fairkv/fairkv.hpp"
 #include "kv_cache.hpp"
+#include "thread_pool.hpp"
 
 namespace llama {
 
@@ -32,6 +34,9 @@ struct compress_request {
                                        // markers | lines | paragraphs | sentences (auto_segments.hpp)
   std::vector<fairkv::segment> segments;  // token ranges in the system turn (used for allocation when fair)
   std::vector<int32_t> whitelist;         // system-turn token indices always kept
+  // Score SnapKV / TOVA / H2O by recomputing attention from the captured queries even where the prefill's own
+  // statistics would do (the reference path: both must agree; tests/llama/test_prefill_stats.cpp).
+  bool recompute_attention = false;
 };
 
 struct compress_result {
@@ -88,6 +93,31 @@ inline bool policy_needs_queries(std::string_view policy) {
   return kind != fairkv::scorer_kind::knorm && kind != fairkv::scorer_kind::streaming_llm;
 }
 
+// Which attention statistic a configuration scores with. Segment-local scoring (--fair) needs attention that does
+// not cross segments: H2O's column sums cannot be split by segment at all, and the window rows' renormalisation
+// covers only runs whose window rows they contain, so fair configurations recompute from the queries. Paper mode
+// recomputes too (its spans' statistics are slices of the full softmax, computed in score_paper).
+enum class attention_input { none, queries, column_sums, last_rows };
+
+inline attention_input attention_input_of(const compress_request& r) {
+  fairkv::scorer_kind kind{};
+  if (r.policy == "none" || !fairkv::parse(r.policy, kind)) return attention_input::none;
+  if (kind == fairkv::scorer_kind::knorm || kind == fairkv::scorer_kind::streaming_llm) return attention_input::none;
+  if (r.fair || r.recompute_attention) return attention_input::queries;
+  return kind == fairkv::scorer_kind::h2o ? attention_input::column_sums : attention_input::last_rows;
+}
+
+// SnapKV's window after clamping to a system turn of n_sys tokens (kvpress requires more tokens than the window).
+inline int window_used_of(const compress_request& r, int n_sys) { return std::max(1, std::min(r.window, n_sys - 1)); }
+
+// The attention rows a configuration reads from the prefill: SnapKV's window, TOVA's last row.
+inline int last_rows_needed(const compress_request& r, int n_sys) {
+  if (attention_input_of(r) != attention_input::last_rows) return 0;
+  fairkv::scorer_kind kind{};
+  (void)fairkv::parse(r.policy, kind);
+  return kind == fairkv::scorer_kind::snapkv ? window_used_of(r, n_sys) : 1;
+}
+
 // The CLI's names as a fairkv::policy_spec; fairkv::dispatch instantiates the policy it names.
 inline fairkv::policy_spec policy_spec_of(const compress_request& r, int window) {
   fairkv::policy_spec spec;
@@ -105,16 +135,44 @@ inline fairkv::policy_spec policy_spec_of(const compress_request& r, int window)
   return spec;
 }
 
+// The runner's thread pool as fairkv's executor (fairkv/cpu/executor.hpp): compression's KV heads become tasks
+// of the same fork-join pool as the forward pass, so no second set of threads competes for the cores.
+struct pool_executor {
+  thread_pool* pool;
+  [[nodiscard]] int64_t concurrency() const noexcept { return pool->size(); }
+  void run(int64_t n, fairkv::cpu::task_ref f) const {
+    pool->parallel_for(n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) f(i);
+    });
+  }
+};
+
+// Whether a configuration's compression is worth the pool. Each layer costs three fork-joins (scoring,
+// selection, compaction); on a shared machine a join waits ~1 ms for a descheduled worker (measured:
+// docs/benchmarks.md, TOVA at 256 tokens went from 1.5 ms serial to 65 ms on a 2-thread pool under load), so
+// only configurations that recompute attention over a long turn (tens of millions of multiply-adds per layer)
+// take the pool; the statistics path and key / position scorers are a few ms for the whole cache.
+inline bool compress_in_parallel(const compress_request& r, int n_sys, int n_heads, int head_dim) {
+  if (attention_input_of(r) != attention_input::queries) return false;
+  fairkv::scorer_kind kind{};
+  (void)fairkv::parse(r.policy, kind);
+  const double n = n_sys, rows = kind == fairkv::scorer_kind::h2o ? n / 2 : kind == fairkv::scorer_kind::snapkv
+                                                                                ? window_used_of(r, n_sys)
+                                                                                : 1.0;
+  return double(n_heads) * rows * n * double(head_dim) >= 5e7;
+}
+
 // Applies the requested policy to every layer of the cache, whose heads all hold the n_sys system-turn tokens
 // and, for attention scorers, whose layers carry the turn's post-RoPE queries (sys_q). Throws with fairkv's message on invalid input;
 // fairkv validates before writing, so a failure leaves the cache as it was for that layer.
-inline compress_result compress_system_turn(kv_cache& cache, int n_sys, const compress_request& req) {
+template <fairkv::cpu::executor E = fairkv::cpu::serial_executor>
+compress_result compress_system_turn(kv_cache& cache, int n_sys, const compress_request& req, const E& ex = {}) {
   compress_result out;
   const int n_layers = cache.n_layers(), n_kv = cache.n_kv_heads(), hd = cache.head_dim();
   out.kept.assign(size_t(n_layers), std::vector<std::vector<uint8_t>>(size_t(n_kv), std::vector<uint8_t>(size_t(n_sys), 1)));
   if (req.policy == "none") return out;
   // kvpress requires more tokens than the window; clamp so short system prompts still compress.
-  out.window_used = std::max(1, std::min(req.window, n_sys - 1));
+  out.window_used = window_used_of(req, n_sys);
   const fairkv::policy_spec spec = policy_spec_of(req, out.window_used);
   out.sinks = sinks_of(req);
 
@@ -125,17 +183,44 @@ inline compress_result compress_system_turn(kv_cache& cache, int n_sys, const co
         throw std::runtime_error("compress_system_turn: layer " + std::to_string(l) + " head " + std::to_string(g) +
                                  " holds " + std::to_string(cl.len[size_t(g)]) + " tokens, expected the " +
                                  std::to_string(n_sys) + " of the system turn");
-    const bool with_q = policy_needs_queries(req.policy);
-    if (with_q && cl.sys_q.size() != size_t(cache.n_heads()) * size_t(n_sys) * size_t(hd))
-      throw std::runtime_error("compress_system_turn: the system turn's queries were not captured");
+    const size_t nh = size_t(cache.n_heads()), n = size_t(n_sys);
+    const bool have_q = cl.sys_q.size() == nh * n * size_t(hd);
+    attention_input src = attention_input_of(req);
+    // A prefill that kept only queries (an older caller, or one that asked for them) still serves every policy.
+    if (src == attention_input::column_sums && cl.sys_colsum.size() != nh * n && have_q) src = attention_input::queries;
+    const int rows_needed = last_rows_needed(req, n_sys);
+    const bool have_rows = cl.sys_rows_n >= rows_needed && cl.sys_rows.size() == nh * size_t(cl.sys_rows_n) * n;
+    if (src == attention_input::last_rows && !have_rows && have_q) src = attention_input::queries;
 
     fairkv::kv_view<float> keys = cache.k_view(l, n_sys), values = cache.v_view(l, n_sys);
     auto inputs = fairkv::keys_only(keys);
-    if (with_q)  // [1, n_heads, n_sys, head_dim]
-      inputs.queries = fairkv::make_contiguous_view<const float>(cl.sys_q.data(), 1, cache.n_heads(), n_sys, hd);
+    switch (src) {
+      case attention_input::none: break;
+      case attention_input::queries:
+        if (!have_q) throw std::runtime_error("compress_system_turn: the system turn's queries were not captured");
+        // [1, n_heads, n_sys, head_dim]
+        inputs.queries = fairkv::make_contiguous_view<const float>(cl.sys_q.data(), 1, cache.n_heads(), n_sys, hd);
+        break;
+      case attention_input::column_sums:
+        if (cl.sys_colsum.size() != nh * n)
+          throw std::runtime_error("compress_system_turn: the system turn's attention column sums were not captured");
+        inputs.attention_column_sums = cl.sys_colsum.data();  // [1, n_heads, n_sys]
+        inputs.attention_q_heads = cache.n_heads();
+        break;
+      case attention_input::last_rows:
+        if (!have_rows)
+          throw std::runtime_error("compress_system_turn: the system turn's last " + std::to_string(rows_needed) +
+                                   " attention rows were not captured");
+        // [1, n_heads, sys_rows_n, n_sys]: every captured row; the scorer reads the last ones it needs.
+        inputs.attention = cl.sys_rows.data();
+        inputs.attention_rows = cl.sys_rows_n;
+        inputs.attention_ld = n_sys;
+        inputs.attention_q_heads = cache.n_heads();
+        break;
+    }
     fairkv::keep_plan plan;
     const fairkv::result res = fairkv::dispatch(spec, [&](const auto& pol) {
-      return fairkv::cpu::plan(pol, inputs, std::span<const fairkv::segment>(req.segments),
+      return fairkv::cpu::plan(ex, pol, inputs, std::span<const fairkv::segment>(req.segments),
                                std::span<const int32_t>(req.whitelist), req.ratio, plan);
     });
     if (!res.ok()) throw std::runtime_error("fairkv plan (layer " + std::to_string(l) + "): " + res.message());
@@ -144,11 +229,10 @@ inline compress_result compress_system_turn(kv_cache& cache, int n_sys, const co
       std::fill(k.begin(), k.end(), uint8_t{0});
       for (int32_t i : plan.kept(0, g)) k[size_t(i)] = 1;
     }
-    if (const fairkv::result c = fairkv::cpu::compact(plan.view(), keys, values); !c.ok())
+    if (const fairkv::result c = fairkv::cpu::compact(ex, plan.view(), keys, values); !c.ok())
       throw std::runtime_error("fairkv compact (layer " + std::to_string(l) + "): " + c.message());
     for (int g = 0; g < n_kv; ++g) cl.len[size_t(g)] = plan.count(0, g);
-    cl.sys_q.clear();  // only needed for scoring
-    cl.sys_q.shrink_to_fit();
+    kv_cache::drop_captures(cl);  // only needed for scoring
   }
   return out;
 }

@@ -45,6 +45,16 @@ struct forward_options {
   bool q8_activations = false;  // llama.cpp-style 8-bit activations: faster, less exact (see matmul)
 };
 
+// What a prefill keeps of the tokens it feeds, for compressing them afterwards (kv_cache.hpp's sys_* fields).
+// The statistics come from the softmax the attention computes anyway, so an attention scorer need not recompute
+// it from the queries (quadratic for H2O). Statistics need the sequence to start empty: key k is token k.
+struct capture_options {
+  bool queries = false;      // post-RoPE queries, sys_q (segment-local scoring recomputes attention from them)
+  bool column_sums = false;  // sys_colsum: H2O's sum over every query of its attention row
+  int last_rows = 0;         // sys_rows: the attention rows of the last min(last_rows, n) queries (SnapKV, TOVA)
+  bool any() const noexcept { return queries || column_sums || last_rows > 0; }
+};
+
 // One sequence's state: its KV cache and the absolute position of its next token (the number of tokens ever fed,
 // evicted ones included, as kvpress counts). Copyable, so a prefilled prompt can be forked.
 struct sequence {
@@ -70,6 +80,8 @@ class engine {
   kv_cache& cache() noexcept { return main_.cache; }
   const kv_cache& cache() const noexcept { return main_.cache; }
   int threads() const noexcept { return opt_.threads; }
+  // The forward pass's pool, lent to compression between forward calls (it is not reentrant).
+  thread_pool& pool() noexcept { return *pool_; }
 
   // The engine's own sequence, which feed(tokens) extends.
   int n_past() const noexcept { return main_.n_past; }
@@ -94,20 +106,32 @@ class engine {
   // The same on any sequence.
   std::vector<float> feed(sequence& seq, std::span<const int32_t> tokens, bool all_logits = false,
                           bool capture_queries = false, const std::function<void(int, int)>& on_chunk = {}) {
+    return feed(seq, tokens, all_logits, capture_options{capture_queries}, on_chunk);
+  }
+  // The same, keeping what `capture` asks of these tokens in each layer (kv_cache.hpp's sys_* fields).
+  std::vector<float> feed(sequence& seq, std::span<const int32_t> tokens, bool all_logits,
+                          const capture_options& capture, const std::function<void(int, int)>& on_chunk = {}) {
     const int n = int(tokens.size());
     if (n == 0) throw std::runtime_error("engine::feed: no tokens");
     check_tokens(tokens);
     check_compatible(seq);
     seq.cache.require_room(n);
-    if (capture_queries)
-      for (int l = 0; l < hp_.n_layers; ++l)
-        seq.cache.layer(l).sys_q.assign(size_t(hp_.n_heads) * size_t(n) * size_t(hp_.head_dim), 0.0f);
+    if ((capture.column_sums || capture.last_rows > 0) && seq.cache.max_len(0) != 0)
+      throw std::logic_error("engine::feed: attention statistics are captured from an empty sequence only");
+    const int rows = std::min(std::max(capture.last_rows, 0), n);
+    for (int l = 0; capture.any() && l < hp_.n_layers; ++l) {
+      kv_layer& cl = seq.cache.layer(l);
+      if (capture.queries) cl.sys_q.assign(size_t(hp_.n_heads) * size_t(n) * size_t(hp_.head_dim), 0.0f);
+      if (capture.column_sums) cl.sys_colsum.assign(size_t(hp_.n_heads) * size_t(n), 0.0f);
+      if (rows > 0) cl.sys_rows.assign(size_t(hp_.n_heads) * size_t(rows) * size_t(n), 0.0f);
+      cl.sys_rows_n = rows;
+    }
 
     std::vector<float> logits(size_t(all_logits ? n : 1) * size_t(hp_.n_vocab));
     for (int start = 0; start < n; start += opt_.batch) {
       const int count = std::min(opt_.batch, n - start);
       const bool last_chunk = start + count == n;
-      forward_chunk(seq, tokens.subspan(size_t(start), size_t(count)), capture_queries ? start : -1, n);
+      forward_chunk(seq, tokens.subspan(size_t(start), size_t(count)), capture.any() ? start : -1, n, capture);
       if (all_logits)
         output_logits(0, count, logits.data() + size_t(start) * size_t(hp_.n_vocab), false);
       else if (last_chunk)
@@ -169,15 +193,24 @@ class engine {
   }
 
   // One chunk of T tokens of one sequence through every layer. q_capture_at >= 0: index of this chunk's first
-  // token in the captured queries (of n_capture tokens).
-  void forward_chunk(sequence& seq, std::span<const int32_t> tokens, int q_capture_at, int n_capture) {
+  // token in the captured tokens (n_capture of them), what `capture` asks is kept.
+  void forward_chunk(sequence& seq, std::span<const int32_t> tokens, int q_capture_at, int n_capture,
+                     const capture_options& capture = {}) {
     const int T = int(tokens.size());
     const int hd = hp_.head_dim, q_dim = hp_.n_heads * hd;
     embed(tokens);
     run_layers(T, /*rowwise=*/false, [&](int t) { return seq.n_past + t; },
-               [&](int l) { append_kv(seq.cache, l, 0, T); }, [&](int l) { attention(seq.cache, l, T); },
+               [&](int l) { append_kv(seq.cache, l, 0, T); },
                [&](int l) {
-                 if (q_capture_at < 0) return;
+                 kv_layer& cl = seq.cache.layer(l);
+                 stats_sink sink;
+                 if (q_capture_at >= 0 && (capture.column_sums || cl.sys_rows_n > 0))
+                   sink = {capture.column_sums ? cl.sys_colsum.data() : nullptr,
+                           cl.sys_rows_n > 0 ? cl.sys_rows.data() : nullptr, cl.sys_rows_n, n_capture};
+                 attention(seq.cache, l, T, sink.n > 0 ? &sink : nullptr);
+               },
+               [&](int l) {
+                 if (q_capture_at < 0 || !capture.queries) return;
                  std::vector<float>& sq = seq.cache.layer(l).sys_q;  // [n_heads, n_capture, hd]
                  for (int h = 0; h < hp_.n_heads; ++h)
                    for (int t = 0; t < T; ++t)
@@ -273,12 +306,21 @@ class engine {
     }
   }
 
+  // Where a prefill of n captured tokens (the sequence started empty, so cache row k is token k) accumulates its
+  // attention statistics; each query head writes only its own rows, so the heads' threads never share a float.
+  struct stats_sink {
+    float* colsum = nullptr;  // [n_heads, n]
+    float* rows = nullptr;    // [n_heads, n_rows, n]: rows of queries [n - n_rows, n)
+    int n_rows = 0;
+    int n = 0;
+  };
+
   // Causal GQA attention of the chunk's T queries over each KV head's own cache rows; writes att_[T][q_dim].
-  void attention(const kv_cache& cache, int l, int T) {
+  void attention(const kv_cache& cache, int l, int T, const stats_sink* sink = nullptr) {
     // A decode step over a short cache is too little work to be worth a barrier.
     const bool parallel = int64_t(T) * cache.max_len(l) >= 2048;
     auto heads = [&](int64_t h_begin, int64_t h_end) {
-      for (int h = int(h_begin); h < int(h_end); ++h) attend_head(cache, l, h, T, 0);
+      for (int h = int(h_begin); h < int(h_end); ++h) attend_head(cache, l, h, T, 0, sink);
     };
     if (parallel) pool_->parallel_for(hp_.n_heads, heads);
     else heads(0, hp_.n_heads);
@@ -298,7 +340,7 @@ class engine {
 
   // Query head h of rows [row0, row0+T) of q_ over KV head h/group of `cache`, whose last T rows are these
   // tokens' own keys (causal within them); writes the same rows of att_.
-  void attend_head(const kv_cache& cache, int l, int h, int T, int row0) {
+  void attend_head(const kv_cache& cache, int l, int h, int T, int row0, const stats_sink* sink = nullptr) {
     const int hd = hp_.head_dim, q_dim = hp_.n_heads * hd, group = hp_.n_heads / hp_.n_kv_heads;
     const float scale = 1.0f / std::sqrt(float(hd));
     const int g = h / group;
@@ -325,6 +367,19 @@ class engine {
       const float inv = 1.0f / sum;
       for (int j = 0; j < visible; ++j) row(j) *= inv;
       for (int j = visible; j < L; ++j) row(j) = 0.0f;
+      if (sink != nullptr) {
+        // Chunks arrive in order and rows within a chunk in order, so every column sum adds its queries in
+        // ascending position, the order of fairkv's own recompute.
+        const int i = past + t;  // this query's token index (= its cache row)
+        if (sink->colsum != nullptr) {
+          float* cs = sink->colsum + size_t(h) * size_t(sink->n);
+          for (int j = 0; j < visible; ++j) cs[j] += row(j);
+        }
+        const int first_row = sink->n - sink->n_rows;
+        if (sink->rows != nullptr && i >= first_row)
+          std::copy_n(&row(0), visible,
+                      sink->rows + (size_t(h) * size_t(sink->n_rows) + size_t(i - first_row)) * size_t(sink->n));
+      }
     }
     Eigen::Map<mat_rm, 0, Eigen::OuterStride<>> o(att_.data() + at, T, hd, Eigen::OuterStride<>(q_dim));
     o.noalias() = s * v;

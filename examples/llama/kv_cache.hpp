@@ -18,6 +18,12 @@ struct kv_layer {
   std::vector<float> v;        // [n_kv_heads, capacity, head_dim]
   std::vector<int32_t> len;    // [n_kv_heads] filled tokens of each head
   std::vector<float> sys_q;    // [n_heads, n_sys, head_dim] post-RoPE queries of the system turn (optional)
+  // Attention statistics of the system turn, accumulated by the prefill's own softmax (optional), so compression
+  // need not recompute attention from sys_q:
+  std::vector<float> sys_colsum;  // [n_heads, n_sys] sum over every system-turn query of A[q, k] (H2O)
+  std::vector<float> sys_rows;    // [n_heads, sys_rows_n, n_sys] softmaxed rows of the last sys_rows_n queries
+                                  // (SnapKV's window, TOVA's last row), zero beyond each row's causal end
+  int sys_rows_n = 0;
 };
 
 class kv_cache {
@@ -69,17 +75,26 @@ class kv_cache {
     for (const kv_layer& l : layers_) out.push_back(l.len);
     return out;
   }
-  // The captured queries are only needed to score the system turn.
+  // The captured queries and attention statistics are only needed to score the system turn.
   void drop_queries() {
-    for (kv_layer& l : layers_) {
-      l.sys_q.clear();
-      l.sys_q.shrink_to_fit();
-    }
+    for (kv_layer& l : layers_) drop_captures(l);
+  }
+  static void drop_captures(kv_layer& l) {
+    l.sys_q.clear();
+    l.sys_q.shrink_to_fit();
+    l.sys_colsum.clear();
+    l.sys_colsum.shrink_to_fit();
+    l.sys_rows.clear();
+    l.sys_rows.shrink_to_fit();
+    l.sys_rows_n = 0;
   }
   void clear() {
     for (kv_layer& l : layers_) {
       std::fill(l.len.begin(), l.len.end(), 0);
       l.sys_q.clear();
+      l.sys_colsum.clear();
+      l.sys_rows.clear();
+      l.sys_rows_n = 0;
     }
   }
 

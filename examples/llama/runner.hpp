@@ -160,7 +160,11 @@ class turn_source {
     sequence comp = base_;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      const compress_result cr = compress_system_turn(comp.cache, n_sys_, configs_[c].compress);
+      const compress_request& req = configs_[c].compress;
+      const compress_result cr =
+          compress_in_parallel(req, n_sys_, eng_.hp().n_heads, eng_.hp().head_dim)
+              ? compress_system_turn(comp.cache, n_sys_, req, pool_executor{&eng_.pool()})
+              : compress_system_turn(comp.cache, n_sys_, req);
       rep.compress_ms = ms_since(t0);
       rep.window_used = cr.window_used;
       record_kept(rep, cr, eng_.hp().n_layers, eng_.hp().n_kv_heads);
@@ -209,14 +213,20 @@ inline std::vector<run_report> run_configs(runner_options opt, std::vector<compr
   const int n_sys = int(prompt.system.tokens.ids.size());
   std::vector<run_report> reps = start_reports(configs, ps, prompt);
 
-  // The system turn, prefilled once (capturing the post-RoPE queries if any configuration's scorer needs them).
+  // The system turn, prefilled once, keeping what the configurations' scorers read: the post-RoPE queries for
+  // segment-local attention scoring, H2O's column sums and the last attention rows (SnapKV's widest window, TOVA's
+  // last row) accumulated by the prefill's own softmax for the others (compress.hpp, attention_input_of).
   engine eng(m, /*capacity of its own sequence, unused here=*/0, opt.forward);
-  const bool any_queries = std::any_of(configs.begin(), configs.end(), [](const compress_config& c) {
-    return policy_needs_queries(c.compress.policy);
-  });
+  capture_options capture;
+  for (const compress_config& c : configs) {
+    const attention_input src = attention_input_of(c.compress);
+    capture.queries = capture.queries || src == attention_input::queries;
+    capture.column_sums = capture.column_sums || src == attention_input::column_sums;
+    capture.last_rows = std::max(capture.last_rows, last_rows_needed(c.compress, n_sys));
+  }
   sequence base = eng.make_sequence(prompt.capacity);
   t0 = std::chrono::steady_clock::now();
-  eng.feed(base, prompt.system.tokens.ids, false, any_queries, [&](int done, int total) {
+  eng.feed(base, prompt.system.tokens.ids, false, capture, [&](int done, int total) {
     prog.update("prefill system", done, total, ms_since(t0) / 1000.0, done == total);
   });
   const double sys_prefill_ms = ms_since(t0);

@@ -11,6 +11,7 @@
 #include "fairkv/allocators/whitelist.hpp"
 #include "fairkv/budget.hpp"
 #include "fairkv/cpu/compact.hpp"
+#include "fairkv/cpu/executor.hpp"
 #include "fairkv/cpu/plan.hpp"
 #include "fairkv/cpu/rerotate.hpp"
 #include "fairkv/dispatch.hpp"

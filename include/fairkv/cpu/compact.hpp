@@ -8,6 +8,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "fairkv/cpu/executor.hpp"
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/status.hpp"
 #include "fairkv/views/footprint.hpp"
@@ -18,22 +19,30 @@ namespace fairkv::cpu {
 namespace detail {
 
 template <class Side>
-void move_rows(const_keep_plan_view plan, const Side& side) noexcept {
-  for (std::int64_t b = 0; b < plan.batch; ++b)
-    for (std::int64_t h = 0; h < plan.heads; ++h) {
-      const std::int32_t* idx = plan.row(b, h);
-      const std::int32_t n = plan.count(b, h);
-      for (std::int32_t j = 0; j < n; ++j) {
-        if (idx[j] == j) continue;  // a kept prefix does not move
-        auto* dst = side.row(b, h, j);
-        const auto* src = side.row(b, h, idx[j]);
-        if (side.stride_dim == 1) {
-          std::memcpy(dst, src, static_cast<std::size_t>(side.head_dim) * sizeof(*dst));
-        } else {
-          for (std::int64_t d = 0; d < side.head_dim; ++d) dst[d * side.stride_dim] = src[d * side.stride_dim];
-        }
-      }
+void move_row(const_keep_plan_view plan, const Side& side, std::int64_t b, std::int64_t h) noexcept {
+  const std::int32_t* idx = plan.row(b, h);
+  const std::int32_t n = plan.count(b, h);
+  for (std::int32_t j = 0; j < n; ++j) {
+    if (idx[j] == j) continue;  // a kept prefix does not move
+    auto* dst = side.row(b, h, j);
+    const auto* src = side.row(b, h, idx[j]);
+    if (side.stride_dim == 1) {
+      std::memcpy(dst, src, static_cast<std::size_t>(side.head_dim) * sizeof(*dst));
+    } else {
+      for (std::int64_t d = 0; d < side.head_dim; ++d) dst[d * side.stride_dim] = src[d * side.stride_dim];
     }
+  }
+}
+
+// Every (batch, head) row moves only its own elements (K and V are disjoint, a page belongs to one sequence and a
+// head's slots in it to that head), so the rows are independent tasks.
+template <executor E, class Side>
+[[nodiscard]] result move_rows(const E& ex, const_keep_plan_view plan, const Side& keys, const Side& values) noexcept {
+  const std::int64_t rows = plan.batch * plan.heads;
+  return for_shares(ex, task_count(ex, rows), rows, [&](std::int64_t, std::int64_t i) {
+    move_row(plan, keys, i / plan.heads, i % plan.heads);
+    move_row(plan, values, i / plan.heads, i % plan.heads);
+  });
 }
 
 template <class View>
@@ -51,8 +60,9 @@ template <class View>
 
 }  // namespace detail
 
-template <class T>
-[[nodiscard]] result compact(const_keep_plan_view plan, kv_view<T> keys, kv_view<T> values) noexcept {
+// `ex` (cpu/executor.hpp) moves the (batch, head) rows as parallel tasks; the result is the serial one.
+template <executor E, class T>
+[[nodiscard]] result compact(const E& ex, const_keep_plan_view plan, kv_view<T> keys, kv_view<T> values) noexcept {
   static_assert(!std::is_const_v<T>, "fairkv::cpu::compact writes the cache: pass views of non-const elements");
   FAIRKV_TRY(validate(plan, "plan"));
   FAIRKV_TRY(validate(keys, "keys"));
@@ -62,23 +72,27 @@ template <class T>
                                             fairkv::detail::footprint_of(values), "values"));
   FAIRKV_TRY(detail::check_extents(plan, keys, "keys"));
   FAIRKV_TRY(detail::check_extents(plan, values, "values"));
-  detail::move_rows(plan, keys);
-  detail::move_rows(plan, values);
-  return {};
+  return detail::move_rows(ex, plan, keys, values);
+}
+template <class T>
+[[nodiscard]] result compact(const_keep_plan_view plan, kv_view<T> keys, kv_view<T> values) noexcept {
+  return compact(serial_executor{}, plan, keys, values);
 }
 
 // Paged: moves K and V within each sequence's own pages (validate() also refuses K and V pools that overlap).
 // Pages past the new length can be freed by the engine (see compacted_pages); head_adaptive plans leave ragged
 // per-head counts, the longest one decides.
-template <class T>
-[[nodiscard]] result compact(const_keep_plan_view plan, const paged_kv_view<T>& view) noexcept {
+template <executor E, class T>
+[[nodiscard]] result compact(const E& ex, const_keep_plan_view plan, const paged_kv_view<T>& view) noexcept {
   static_assert(!std::is_const_v<T>, "fairkv::cpu::compact writes the cache: pass a view of non-const elements");
   FAIRKV_TRY(validate(plan, "plan"));
   FAIRKV_TRY(validate(view, "view"));
   FAIRKV_TRY(detail::check_extents(plan, view.keys(), "view"));
-  detail::move_rows(plan, view.keys());
-  detail::move_rows(plan, view.values());
-  return {};
+  return detail::move_rows(ex, plan, view.keys(), view.values());
+}
+template <class T>
+[[nodiscard]] result compact(const_keep_plan_view plan, const paged_kv_view<T>& view) noexcept {
+  return compact(serial_executor{}, plan, view);
 }
 
 // Pages sequence b still needs after compaction, and the fill of its last page.

@@ -18,6 +18,7 @@
 #include "fairkv/budget.hpp"
 #include "fairkv/cpu/detail/plan_workspace.hpp"
 #include "fairkv/cpu/detail/select.hpp"
+#include "fairkv/cpu/executor.hpp"
 #include "fairkv/cpu/score.hpp"
 #include "fairkv/cpu/score_paper.hpp"
 #include "fairkv/detail/plan_front.hpp"
@@ -32,25 +33,62 @@ namespace fairkv {
 namespace cpu {
 namespace detail {
 
+// Scores of regions [runs] (local) or [0, L) into dst. With several tasks the heads are scored in parallel, each
+// task with its own attention scratch, then the padding that needs every head (and TOVA, whose one statistic
+// serves all heads) follows on this thread: every float is computed by the same operations as serially.
+template <class S, class KeySource, class Q, executor E>
+[[nodiscard]] result score_regions(const E& ex, const S& scorer, const layer_inputs<KeySource, Q>& in,
+                                   const plan_workspace& w, std::int64_t ld, const sequence_groups& s, bool local,
+                                   float* dst) {
+  const std::int64_t heads = in.keys.heads, n_regions = local ? s.n_runs : 1;
+  const auto begin_of = [&](std::int64_t r) { return local ? w.runs[r].begin : std::int64_t{0}; };
+  const auto end_of = [&](std::int64_t r) { return local ? w.runs[r].end : s.L; };
+  const std::int64_t tasks = w.tasks < heads ? w.tasks : heads;
+  if (tasks <= 1 || !scores_per_head<S>) {
+    for (std::int64_t r = 0; r < n_regions; ++r)
+      FAIRKV_TRY(score_region(scorer, in, s.b, s.L, begin_of(r), end_of(r), dst, ld, w.tmp));
+    return {};
+  }
+  std::fill(w.failed, w.failed + tasks, std::int64_t{-1});
+  FAIRKV_TRY(for_shares(ex, tasks, heads, [&](std::int64_t task, std::int64_t h) {
+    if (w.failed[task] >= 0) return;
+    for (std::int64_t r = 0; r < n_regions; ++r)
+      if (!score_region_head(scorer, in, s.b, s.L, begin_of(r), end_of(r), h, dst, ld, w.tmp + task * 3 * ld)) {
+        w.failed[task] = h;
+        return;
+      }
+  }));
+  // A failure is re-run here to get its message (a result does not cross tasks); the lowest failing head is the
+  // one the serial loop meets first.
+  for (std::int64_t t = 0; t < tasks; ++t)
+    if (w.failed[t] >= 0) {
+      for (std::int64_t r = 0; r < n_regions; ++r)
+        FAIRKV_TRY(score_region_head(scorer, in, s.b, s.L, begin_of(r), end_of(r), w.failed[t], dst, ld, w.tmp));
+      return result::error(status::internal_error, "scoring head %lld failed in a task but not when repeated",
+                           static_cast<long long>(w.failed[t]));
+    }
+  for (std::int64_t r = 0; r < n_regions; ++r)
+    FAIRKV_TRY(finish_region(scorer, in, s.b, s.L, begin_of(r), end_of(r), dst, ld, w.tmp));
+  return {};
+}
+
 // Scores of sequence b into w.scores (and w.global_scores when the allocator also needs whole-sequence scores).
-template <class S, class A, class KeySource, class Q>
-[[nodiscard]] result score_sequence(const S& scorer, const layer_inputs<KeySource, Q>& in, const plan_workspace& w,
-                                    std::int64_t ld, std::span<const segment> sorted, const sequence_groups& s) {
+template <class S, class A, class KeySource, class Q, executor E>
+[[nodiscard]] result score_sequence(const E& ex, const S& scorer, const layer_inputs<KeySource, Q>& in,
+                                    const plan_workspace& w, std::int64_t ld, std::span<const segment> sorted,
+                                    const sequence_groups& s) {
   if constexpr (fairkv::detail::is_paper_allocator_v<A>) {
     FAIRKV_TRY(score_paper(scorer, in, s.b, s.L, fairkv::detail::paper_spans_of(sorted), w.scores, ld, w.tmp));
-  } else if constexpr (scores_locally<S, A>) {
-    for (std::int64_t r = 0; r < s.n_runs; ++r)
-      FAIRKV_TRY(score_region(scorer, in, s.b, s.L, w.runs[r].begin, w.runs[r].end, w.scores, ld, w.tmp));
   } else {
-    FAIRKV_TRY(score_region(scorer, in, s.b, s.L, 0, s.L, w.scores, ld, w.tmp));
+    FAIRKV_TRY(score_regions(ex, scorer, in, w, ld, s, scores_locally<S, A>, w.scores));
   }
-  if constexpr (separate_global_scores<S, A>) FAIRKV_TRY(score_region(scorer, in, s.b, s.L, 0, s.L, w.global_scores, ld, w.tmp));
+  if constexpr (separate_global_scores<S, A>) FAIRKV_TRY(score_regions(ex, scorer, in, w, ld, s, false, w.global_scores));
   return {};
 }
 
 // Plans sequence b: front end (groups, forced tokens), scores, own allocation, checked budgets, selection.
-template <class S, class Sel, class A, class KeySource, class Q>
-[[nodiscard]] result plan_sequence(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+template <class S, class Sel, class A, class KeySource, class Q, executor E>
+[[nodiscard]] result plan_sequence(const E& ex, const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
                                    std::span<const segment> segments, std::span<const std::int32_t> whitelist,
                                    const keep_target& target, std::int64_t b, std::int64_t ld, const plan_workspace& w,
                                    keep_plan_view out) {
@@ -71,7 +109,7 @@ template <class S, class Sel, class A, class KeySource, class Q>
                                    ++w.forced_n[w.group_of[t]];
                                    return true;
                                  }));
-  FAIRKV_TRY((score_sequence<S, A>(pol.scorer, in, w, ld, sorted, s)));
+  FAIRKV_TRY((score_sequence<S, A>(ex, pol.scorer, in, w, ld, sorted, s)));
   if constexpr (Sel::kind == selection_kind::union_heads) head_mean(w.scores, ld, heads, L, w.mean_scores);
   if constexpr (A::needs_own_allocation) own_allocation<Sel>(w, ld, heads, s);
   const auto G = static_cast<std::size_t>(s.groups);
@@ -79,7 +117,7 @@ template <class S, class Sel, class A, class KeySource, class Q>
                                {w.own, A::needs_own_allocation ? static_cast<std::size_t>(heads) * G : 0u},
                                {w.scratch, G}};
   FAIRKV_TRY(front::allocate_budgets(pol.allocator, ctx, {w.budgets, static_cast<std::size_t>(heads) * G}));
-  select_sequence(pol.selector, w, ld, heads, s, out);
+  FAIRKV_TRY(select_sequence(ex, pol.selector, w, ld, heads, s, out));
   out.lengths[b] = static_cast<std::int32_t>(L);
   return {};
 }
@@ -122,8 +160,11 @@ template <class S, class KeySource, class Q>
 // Plans one layer. `segments` and `whitelist` apply to every sequence of the batch; `target` is a ratio or a
 // token budget per KV head (fairkv/budget.hpp). Nothing is written but the plan and the workspace; on error the
 // plan's contents are unspecified and the engine's memory is untouched.
-template <class S, class Sel, class A, class KeySource, class Q>
-[[nodiscard]] result plan(void* workspace, std::size_t& workspace_bytes, const policy<S, Sel, A>& pol,
+// `ex` (cpu/executor.hpp) runs the KV heads of each sequence's scoring and per-head selection as parallel tasks;
+// the plan is bit-identical to the serial one. The workspace holds per-task scratch, so the size query must be
+// made with an executor of the same concurrency as the run.
+template <executor E, class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result plan(const E& ex, void* workspace, std::size_t& workspace_bytes, const policy<S, Sel, A>& pol,
                           const layer_inputs<KeySource, Q>& in, std::span<const segment> segments,
                           std::span<const std::int32_t> whitelist, const keep_target& target,
                           keep_plan_view out) noexcept {
@@ -131,43 +172,59 @@ template <class S, class Sel, class A, class KeySource, class Q>
   std::int64_t min_tokens = 0, max_tokens = 0;
   FAIRKV_TRY(fairkv::detail::validate_plan_request(pol, in, segments, whitelist, target, min_tokens, max_tokens));
   const auto n_segments = static_cast<std::int64_t>(segments.size());
+  const std::int64_t tasks = detail::task_count(ex, in.keys.heads);
   detail::plan_workspace w;
-  const std::size_t needed = detail::layout<S, Sel, A>(nullptr, w, in.keys.heads, max_tokens, n_segments);
+  const std::size_t needed = detail::layout<S, Sel, A>(nullptr, w, in.keys.heads, max_tokens, n_segments, tasks);
   if (workspace == nullptr) {
     workspace_bytes = needed;
     return {};
   }
   FAIRKV_TRY(fairkv::detail::check_workspace("workspace_bytes", workspace_bytes, needed));
   FAIRKV_TRY(fairkv::detail::check_output_plan(out, in.keys.batch, in.keys.heads, max_tokens));
-  detail::layout<S, Sel, A>(detail::carver::align_base(workspace), w, in.keys.heads, max_tokens, n_segments);
+  detail::layout<S, Sel, A>(detail::carver::align_base(workspace), w, in.keys.heads, max_tokens, n_segments, tasks);
   fairkv::detail::sort_segments(segments, w.sorted);
   for (std::int64_t b = 0; b < in.keys.batch; ++b)
-    FAIRKV_TRY(detail::plan_sequence(pol, in, segments, whitelist, target, b, max_tokens, w, out));
+    FAIRKV_TRY(detail::plan_sequence(ex, pol, in, segments, whitelist, target, b, max_tokens, w, out));
   return {};
 }
 
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result plan(void* workspace, std::size_t& workspace_bytes, const policy<S, Sel, A>& pol,
+                          const layer_inputs<KeySource, Q>& in, std::span<const segment> segments,
+                          std::span<const std::int32_t> whitelist, const keep_target& target,
+                          keep_plan_view out) noexcept {
+  return plan(serial_executor{}, workspace, workspace_bytes, pol, in, segments, whitelist, target, out);
+}
+
 // At a ratio, as before token budgets existed.
+template <executor E, class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result plan(const E& ex, void* workspace, std::size_t& workspace_bytes, const policy<S, Sel, A>& pol,
+                          const layer_inputs<KeySource, Q>& in, std::span<const segment> segments,
+                          std::span<const std::int32_t> whitelist, double ratio, keep_plan_view out) noexcept {
+  return plan(ex, workspace, workspace_bytes, pol, in, segments, whitelist, keep_target::of_ratio(ratio), out);
+}
 template <class S, class Sel, class A, class KeySource, class Q>
 [[nodiscard]] result plan(void* workspace, std::size_t& workspace_bytes, const policy<S, Sel, A>& pol,
                           const layer_inputs<KeySource, Q>& in, std::span<const segment> segments,
                           std::span<const std::int32_t> whitelist, double ratio, keep_plan_view out) noexcept {
-  return plan(workspace, workspace_bytes, pol, in, segments, whitelist, keep_target::of_ratio(ratio), out);
+  return plan(serial_executor{}, workspace, workspace_bytes, pol, in, segments, whitelist, keep_target::of_ratio(ratio),
+              out);
 }
 
 // Convenience: allocates the plan and the scratch with std::vector (use the overload above to control memory).
 // A failed allocation is status::out_of_memory.
-template <class S, class Sel, class A, class KeySource, class Q>
-[[nodiscard]] result plan(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+template <executor E, class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result plan(const E& ex, const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
                           std::span<const segment> segments, std::span<const std::int32_t> whitelist,
                           const keep_target& target, keep_plan& out) noexcept {
   std::size_t bytes = 0;
-  FAIRKV_TRY(plan(nullptr, bytes, pol, in, segments, whitelist, target, keep_plan_view{}));
+  FAIRKV_TRY(plan(ex, nullptr, bytes, pol, in, segments, whitelist, target, keep_plan_view{}));
   std::int64_t max_tokens = 0;
   for (std::int64_t b = 0; b < in.keys.batch; ++b) max_tokens = std::max(max_tokens, in.keys.tokens_of(b));
   try {
     std::vector<std::byte> scratch(bytes);
     out.resize(in.keys.batch, in.keys.heads, max_tokens);
-    return plan(scratch.data(), bytes, pol, in, segments, whitelist, target, out.view());
+    return plan(ex, scratch.data(), bytes, pol, in, segments, whitelist, target, out.view());
   } catch (const std::exception&) {  // std::bad_alloc, or std::length_error for a size beyond max_size()
     return result::error(status::out_of_memory, "out of host memory for the plan (%zu bytes of scratch, a plan of "
                          "%lld x %lld x %lld indices)", bytes, static_cast<long long>(in.keys.batch),
@@ -177,9 +234,22 @@ template <class S, class Sel, class A, class KeySource, class Q>
 
 template <class S, class Sel, class A, class KeySource, class Q>
 [[nodiscard]] result plan(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                          std::span<const segment> segments, std::span<const std::int32_t> whitelist,
+                          const keep_target& target, keep_plan& out) noexcept {
+  return plan(serial_executor{}, pol, in, segments, whitelist, target, out);
+}
+
+template <executor E, class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result plan(const E& ex, const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
                           std::span<const segment> segments, std::span<const std::int32_t> whitelist, double ratio,
                           keep_plan& out) noexcept {
-  return plan(pol, in, segments, whitelist, keep_target::of_ratio(ratio), out);
+  return plan(ex, pol, in, segments, whitelist, keep_target::of_ratio(ratio), out);
+}
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result plan(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                          std::span<const segment> segments, std::span<const std::int32_t> whitelist, double ratio,
+                          keep_plan& out) noexcept {
+  return plan(serial_executor{}, pol, in, segments, whitelist, keep_target::of_ratio(ratio), out);
 }
 
 }  // namespace cpu

@@ -122,34 +122,39 @@ inline void pad_with_max_plus_one(float* scores, std::int64_t ld, std::int64_t h
       scores[h * ld + t] = fairkv::detail::raised_by(pad, static_cast<std::uint32_t>(t - scored_end));
 }
 
-// Scores of region [rb, re) of sequence b (length L) for every KV head: scores[h * ld + t].
-// tmp must hold 3 * (re - rb) floats.
+// Whether a scorer's per-head work is independent (the planner may run heads as parallel tasks): TOVA's score is
+// one mean over every query head, the same for all KV heads, so it is computed once in finish_region.
+template <class S>
+inline constexpr bool scores_per_head = S::source != score_source::last_attention;
+
+// Scores of region [rb, re) of sequence b (length L) for KV head h: scores[h * ld + t], before the padding of the
+// window / anchor tokens (finish_region), which needs every head. Writes only row h; tmp must hold 3 * (re - rb)
+// floats of this call's own.
 template <class S, class KeySource, class Q>
-result score_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L,
-                    std::int64_t rb, std::int64_t re, float* scores, std::int64_t ld, float* tmp) {
+result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L,
+                         std::int64_t rb, std::int64_t re, std::int64_t h, float* scores, std::int64_t ld,
+                         float* tmp) {
   const std::int64_t heads = in.keys.heads;
   const std::int64_t n = re - rb;
   if constexpr (S::source == score_source::position) {
-    for (std::int64_t h = 0; h < heads; ++h)
-      for (std::int64_t t = rb; t < re; ++t) scores[h * ld + t] = scorer(token_info{t, L, h, b});
+    for (std::int64_t t = rb; t < re; ++t) scores[h * ld + t] = scorer(token_info{t, L, h, b});
     return {};
   } else if constexpr (S::source == score_source::external) {
-    for (std::int64_t h = 0; h < heads; ++h)
-      for (std::int64_t t = rb; t < re; ++t) scores[h * ld + t] = in.scores.at(b, h, t);
+    for (std::int64_t t = rb; t < re; ++t) scores[h * ld + t] = in.scores.at(b, h, t);
     return {};
   } else if constexpr (S::source == score_source::keys) {
     using T = typename KeySource::value_type;
-    for (std::int64_t h = 0; h < heads; ++h) {
-      if (in.keys.stride_dim == 1) {
-        for (std::int64_t t = rb; t < re; ++t)
-          scores[h * ld + t] = scorer(key_row<T, true>{in.keys.row(b, h, t), in.keys.head_dim, 1}, token_info{t, L, h, b});
-      } else {
-        for (std::int64_t t = rb; t < re; ++t)
-          scores[h * ld + t] = scorer(key_row<T, false>{in.keys.row(b, h, t), in.keys.head_dim, in.keys.stride_dim},
-                                      token_info{t, L, h, b});
-      }
+    if (in.keys.stride_dim == 1) {
+      for (std::int64_t t = rb; t < re; ++t)
+        scores[h * ld + t] = scorer(key_row<T, true>{in.keys.row(b, h, t), in.keys.head_dim, 1}, token_info{t, L, h, b});
+    } else {
+      for (std::int64_t t = rb; t < re; ++t)
+        scores[h * ld + t] = scorer(key_row<T, false>{in.keys.row(b, h, t), in.keys.head_dim, in.keys.stride_dim},
+                                    token_info{t, L, h, b});
     }
     return {};
+  } else if constexpr (S::source == score_source::last_attention) {
+    return {};  // finish_region
   } else {
     const std::int64_t qheads = in.q_heads();
     const std::int64_t group = qheads / heads;
@@ -162,62 +167,87 @@ result score_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std::
       const std::int64_t w = fairkv::detail::region_window(scorer, n);
       const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, w, false, false).scored;
       if (w == 0) {  // a one-token region: nothing to attend from, the token is its own window
-        for (std::int64_t h = 0; h < heads; ++h) scores[h * ld + rb] = 1.f;
+        scores[h * ld + rb] = 1.f;
         return {};
       }
-      for (std::int64_t h = 0; h < heads; ++h) {
-        for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] = 0.f;
-        for (std::int64_t g = 0; g < group; ++g) {
-          const std::int64_t qh = h * group + g;
-          std::fill(acc, acc + m, 0.f);
-          for (std::int64_t p = re - w; p < re; ++p) {
-            FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, probs));
-            for (std::int64_t t = 0; t < m; ++t) acc[t] += probs[t];
-          }
-          add_pooled_window_mean(acc, m, w, scorer.kernel, pooled, scores + h * ld + rb);
+      for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] = 0.f;
+      for (std::int64_t g = 0; g < group; ++g) {
+        const std::int64_t qh = h * group + g;
+        std::fill(acc, acc + m, 0.f);
+        for (std::int64_t p = re - w; p < re; ++p) {
+          FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, probs));
+          for (std::int64_t t = 0; t < m; ++t) acc[t] += probs[t];
         }
-        for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] /= static_cast<float>(group);
+        add_pooled_window_mean(acc, m, w, scorer.kernel, pooled, scores + h * ld + rb);
       }
-      pad_with_max_plus_one(scores, ld, heads, rb, rb + m, re);
-      return {};
-    } else if constexpr (S::source == score_source::last_attention) {
-      // Keys [rb, re - 1) are scored, the anchor re - 1 is padded.
-      const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, 0, false, false).scored;
-      std::fill(acc, acc + m, 0.f);
-      for (std::int64_t qh = 0; qh < qheads; ++qh) {
-        FAIRKV_TRY(attention_row(in, b, L, qh, group, re - 1, rb, scale, probs));
-        for (std::int64_t t = 0; t < m; ++t) acc[t] += probs[t];
-      }
-      for (std::int64_t h = 0; h < heads; ++h)
-        for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] = acc[t] / static_cast<float>(qheads);
-      pad_with_max_plus_one(scores, ld, heads, rb, rb + m, re);
+      for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] /= static_cast<float>(group);
       return {};
     } else if constexpr (S::source == score_source::observed_attention) {
       const bool from_queries = in.queries.data != nullptr || in.attention != nullptr;
-      for (std::int64_t h = 0; h < heads; ++h) {
-        for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] = 0.f;
-        for (std::int64_t g = 0; g < group; ++g) {
-          const std::int64_t qh = h * group + g;
-          if (from_queries) {
-            std::fill(acc, acc + n, 0.f);
-            for (std::int64_t p = rb; p < re; ++p) {
-              FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, probs));
-              for (std::int64_t t = 0; t <= p - rb; ++t) acc[t] += probs[t];
-            }
-          } else {
-            const std::int64_t ldc = in.attention_ld != 0 ? in.attention_ld : L;
-            const float* col = in.attention_column_sums + (b * qheads + qh) * ldc;
-            for (std::int64_t t = 0; t < n; ++t) acc[t] = col[rb + t];
+      for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] = 0.f;
+      for (std::int64_t g = 0; g < group; ++g) {
+        const std::int64_t qh = h * group + g;
+        if (from_queries) {
+          std::fill(acc, acc + n, 0.f);
+          for (std::int64_t p = rb; p < re; ++p) {
+            FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, probs));
+            for (std::int64_t t = 0; t <= p - rb; ++t) acc[t] += probs[t];
           }
-          for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] += acc[t] / static_cast<float>(re - (rb + t));
+        } else {
+          const std::int64_t ldc = in.attention_ld != 0 ? in.attention_ld : L;
+          const float* col = in.attention_column_sums + (b * qheads + qh) * ldc;
+          for (std::int64_t t = 0; t < n; ++t) acc[t] = col[rb + t];
         }
-        for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] /= static_cast<float>(group);
+        for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] += acc[t] / static_cast<float>(re - (rb + t));
       }
+      for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] /= static_cast<float>(group);
       return {};
     } else {
       static_assert(dependent_false<S>, "fairkv::cpu: unknown score_source");
     }
   }
+}
+
+// What follows the per-head scores of region [rb, re): the padding of SnapKV's window with the maximum over every
+// head, and TOVA's whole statistic. tmp must hold 3 * (re - rb) floats.
+template <class S, class KeySource, class Q>
+result finish_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L,
+                     std::int64_t rb, std::int64_t re, float* scores, std::int64_t ld, float* tmp) {
+  const std::int64_t heads = in.keys.heads;
+  const std::int64_t n = re - rb;
+  if constexpr (S::source == score_source::window_attention) {
+    const std::int64_t w = fairkv::detail::region_window(scorer, n);
+    if (w == 0) return {};
+    const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, w, false, false).scored;
+    pad_with_max_plus_one(scores, ld, heads, rb, rb + m, re);
+  } else if constexpr (S::source == score_source::last_attention) {
+    const std::int64_t qheads = in.q_heads();
+    const std::int64_t group = qheads / heads;
+    const float scale = in.scale != 0.f ? in.scale : 1.f / std::sqrt(static_cast<float>(in.keys.head_dim));
+    float* probs = tmp;    // [n]
+    float* acc = tmp + n;  // [n]
+    // Keys [rb, re - 1) are scored, the anchor re - 1 is padded.
+    const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, 0, false, false).scored;
+    std::fill(acc, acc + m, 0.f);
+    for (std::int64_t qh = 0; qh < qheads; ++qh) {
+      FAIRKV_TRY(attention_row(in, b, L, qh, group, re - 1, rb, scale, probs));
+      for (std::int64_t t = 0; t < m; ++t) acc[t] += probs[t];
+    }
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] = acc[t] / static_cast<float>(qheads);
+    pad_with_max_plus_one(scores, ld, heads, rb, rb + m, re);
+  }
+  return {};
+}
+
+// Scores of region [rb, re) of sequence b (length L) for every KV head: scores[h * ld + t].
+// tmp must hold 3 * (re - rb) floats.
+template <class S, class KeySource, class Q>
+result score_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L,
+                    std::int64_t rb, std::int64_t re, float* scores, std::int64_t ld, float* tmp) {
+  for (std::int64_t h = 0; h < in.keys.heads; ++h)
+    FAIRKV_TRY(score_region_head(scorer, in, b, L, rb, re, h, scores, ld, tmp));
+  return finish_region(scorer, in, b, L, rb, re, scores, ld, tmp);
 }
 
 }  // namespace fairkv::cpu::detail

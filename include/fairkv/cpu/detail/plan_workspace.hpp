@@ -21,10 +21,10 @@ using carver = fairkv::detail::workspace_carver<64>;
 struct plan_workspace {
   float* scores = nullptr;         // [heads, max_tokens] the scores selection uses
   float* global_scores = nullptr;  // [heads, max_tokens] whole-sequence scores (own allocation of a local scorer)
-  float* tmp = nullptr;            // [3 * max_tokens] attention scratch
+  float* tmp = nullptr;            // [tasks, 3 * max_tokens] attention scratch, one slice per parallel task
   float* mean_scores = nullptr;    // [max_tokens] head-mean scores (union)
-  std::uint64_t* keys = nullptr;   // [select_slots] selection keys
-  std::uint8_t* keep = nullptr;    // [select_slots] keep mask, per head for head_adaptive
+  std::uint64_t* keys = nullptr;   // [select_slots] selection keys (per_head: one max_tokens slice per task)
+  std::uint8_t* keep = nullptr;    // [select_slots] keep mask, per head for head_adaptive, per task for per_head
   std::uint8_t* forced = nullptr;  // [max_tokens] forced-token mask
   std::int32_t* group_of = nullptr;  // [max_tokens]
   run* runs = nullptr;             // [2 * segments + 1] maximal runs of one group
@@ -34,6 +34,8 @@ struct plan_workspace {
   std::int64_t* budgets = nullptr;   // [heads, groups]
   std::int64_t* own = nullptr;       // [heads, groups]
   std::int64_t* scratch = nullptr;   // [groups]
+  std::int64_t* failed = nullptr;    // [tasks] first head whose scoring failed in each task, -1 if none
+  std::int64_t tasks = 1;            // parallel tasks the scratch is sized for
 };
 
 // Whether the policy scores segment-locally, and then also needs whole-sequence scores for its own allocation.
@@ -42,17 +44,23 @@ inline constexpr bool scores_locally = A::segment_local && is_attention_source(S
 template <class S, class A>
 inline constexpr bool separate_global_scores = scores_locally<S, A> && A::needs_own_allocation;
 
+// tasks: how many tasks an executor may run at once over the heads (1 for the serial planner, whose layout is
+// then what it was before executors existed).
 template <class S, class Sel, class A>
 std::size_t layout(void* base, plan_workspace& w, std::int64_t heads, std::int64_t max_tokens,
-                   std::int64_t n_segments) noexcept {
+                   std::int64_t n_segments, std::int64_t tasks = 1) noexcept {
   carver c(base);
   const auto L = static_cast<std::size_t>(max_tokens);
   const auto H = static_cast<std::size_t>(heads);
   const auto N = static_cast<std::size_t>(n_segments);
-  const std::size_t slots = Sel::kind == selection_kind::head_adaptive ? H * L : L;
+  const auto P = static_cast<std::size_t>(tasks < 1 ? 1 : tasks);
+  w.tasks = static_cast<std::int64_t>(P);
+  const std::size_t slots = Sel::kind == selection_kind::head_adaptive ? H * L
+                            : Sel::kind == selection_kind::per_head    ? P * L
+                                                                        : L;
   c.carve(w.scores, H * L);
   c.carve(w.global_scores, separate_global_scores<S, A> ? H * L : 0);
-  c.carve(w.tmp, 3 * L);
+  c.carve(w.tmp, P * 3 * L);
   c.carve(w.mean_scores, L);
   c.carve(w.keys, slots);
   c.carve(w.keep, slots);
@@ -65,6 +73,8 @@ std::size_t layout(void* base, plan_workspace& w, std::int64_t heads, std::int64
   c.carve(w.budgets, H * (N + 1));
   c.carve(w.own, H * (N + 1));
   c.carve(w.scratch, N + 1);
+  if (P > 1) c.carve(w.failed, P);  // the serial layout stays byte for byte what it was
+  else w.failed = nullptr;
   if (!separate_global_scores<S, A>) w.global_scores = w.scores;
   return c.bytes();
 }

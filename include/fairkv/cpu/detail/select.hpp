@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "fairkv/cpu/detail/plan_workspace.hpp"
+#include "fairkv/cpu/executor.hpp"
 #include "fairkv/detail/order.hpp"
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/policy.hpp"
@@ -69,9 +70,11 @@ void own_allocation(const plan_workspace& w, std::int64_t ld, std::int64_t heads
 }
 
 // Selects every head's tokens within the checked budgets w.budgets[h, g] and writes the plan's rows of sequence b.
-template <class Sel>
-void select_sequence(const Sel& sel, const plan_workspace& w, std::int64_t ld, std::int64_t heads,
-                     const sequence_groups& s, keep_plan_view out) {
+// per_head runs its heads as tasks of `ex`, each with its own slice of keys and keep mask (ld elements); union_heads
+// makes one selection for all heads and head_adaptive one layer-global choice across heads, so both stay serial.
+template <class Sel, executor E>
+[[nodiscard]] result select_sequence(const E& ex, const Sel& sel, const plan_workspace& w, std::int64_t ld,
+                                     std::int64_t heads, const sequence_groups& s, keep_plan_view out) noexcept {
   using fairkv::detail::key_index;
   using fairkv::detail::selection_key;
   const std::int64_t L = s.L, G = s.groups;
@@ -83,13 +86,16 @@ void select_sequence(const Sel& sel, const plan_workspace& w, std::int64_t ld, s
     out.counts[s.b * heads + h] = n;
   };
   if constexpr (Sel::kind == selection_kind::per_head) {
-    for (std::int64_t h = 0; h < heads; ++h) {
-      std::copy(w.forced, w.forced + L, w.keep);
+    const std::int64_t tasks = w.tasks < heads ? w.tasks : heads;
+    return for_shares(ex, tasks, heads, [&](std::int64_t task, std::int64_t h) {
+      std::uint64_t* keys = w.keys + task * ld;
+      std::uint8_t* keep = w.keep + task * ld;
+      std::copy(w.forced, w.forced + L, keep);
       for (std::int64_t g = 0; g < G; ++g)
-        select_in_group(w.scores + h * ld, w.runs, s.n_runs, g, w.forced, w.budgets[h * G + g] - w.forced_n[g], w.keys,
-                        w.keep);
-      emit(h, w.keep);
-    }
+        select_in_group(w.scores + h * ld, w.runs, s.n_runs, g, w.forced, w.budgets[h * G + g] - w.forced_n[g], keys,
+                        keep);
+      emit(h, keep);
+    });
   } else if constexpr (Sel::kind == selection_kind::union_heads) {
     std::copy(w.forced, w.forced + L, w.keep);
     for (std::int64_t g = 0; g < G; ++g)
@@ -128,6 +134,7 @@ void select_sequence(const Sel& sel, const plan_workspace& w, std::int64_t ld, s
   } else {
     static_assert(dependent_false<Sel>, "fairkv::cpu::plan: unknown selection_kind");
   }
+  return {};
 }
 
 }  // namespace fairkv::cpu::detail

@@ -1,0 +1,192 @@
+// The parallel CPU backend: plans and compaction with a 2- and a 4-thread executor equal the serial ones bit for
+// bit, for every scorer x selector x allocator through fairkv::dispatch over random shapes. Kept small (a few
+// hundred tokens at most) so the ASan pass stays fast.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "fairkv/fairkv.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+// A persistent pool: run(n, f) hands out indices to its threads and the caller's, in no fixed order, so a task
+// that depended on another's scratch or on the order would show.
+class thread_executor {
+ public:
+  explicit thread_executor(int threads) : n_(threads) {
+    for (int i = 1; i < n_; ++i) workers_.emplace_back([this] { work(); });
+  }
+  ~thread_executor() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+  std::int64_t concurrency() const noexcept { return n_; }
+  void run(std::int64_t n, fairkv::cpu::task_ref f) const {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      job_ = &f;
+      count_ = n;
+      next_.store(0);
+      done_ = 0;
+      ++generation_;
+    }
+    cv_.notify_all();
+    drain();
+    std::unique_lock<std::mutex> lock(m_);
+    done_cv_.wait(lock, [&] { return done_ == count_; });
+    job_ = nullptr;
+  }
+
+ private:
+  void drain() const {
+    for (std::int64_t i = next_.fetch_add(1); i < count_; i = next_.fetch_add(1)) {
+      (*job_)(i);
+      std::lock_guard<std::mutex> lock(m_);
+      if (++done_ == count_) done_cv_.notify_all();
+    }
+  }
+  void work() const {
+    std::uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        cv_.wait(lock, [&] { return stop_ || (generation_ != seen && job_ != nullptr); });
+        if (stop_) return;
+        seen = generation_;
+      }
+      drain();
+    }
+  }
+
+  int n_;
+  std::vector<std::thread> workers_;
+  mutable std::mutex m_;
+  mutable std::condition_variable cv_, done_cv_;
+  mutable const fairkv::cpu::task_ref* job_ = nullptr;
+  mutable std::int64_t count_ = 0, done_ = 0;
+  mutable std::atomic<std::int64_t> next_{0};
+  mutable std::uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+static_assert(fairkv::cpu::executor<thread_executor>);
+
+struct shape {
+  std::int64_t batch, heads, group, tokens, dim;
+};
+
+bool same_plan(const fairkv::keep_plan& a, const fairkv::keep_plan& b, std::int64_t batch, std::int64_t heads) {
+  for (std::int64_t s = 0; s < batch; ++s)
+    for (std::int64_t h = 0; h < heads; ++h) {
+      if (a.count(s, h) != b.count(s, h)) return false;
+      const auto ka = a.kept(s, h), kb = b.kept(s, h);
+      if (!std::equal(ka.begin(), ka.end(), kb.begin(), kb.end())) return false;
+    }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("executor: 2 and 4 threads plan and compact bit for bit as the serial backend, every policy") {
+  using namespace fairkv;
+  const thread_executor two(2), four(4);
+  std::mt19937 rng(17);
+  const shape shapes[] = {{1, 3, 3, 97, 8}, {2, 4, 2, 64, 16}, {3, 6, 1, 40, 4}, {1, 1, 4, 33, 8}, {2, 8, 2, 150, 8}};
+  int planned = 0, compared = 0;
+  for (const shape& sh : shapes) {
+    CAPTURE(sh.heads);
+    CAPTURE(sh.tokens);
+    const std::int64_t L = sh.tokens, qh = sh.heads * sh.group;
+    const auto keys_data = fairkv_test::random_floats(static_cast<std::size_t>(sh.batch * sh.heads * L * sh.dim), rng());
+    const auto values_data = fairkv_test::random_floats(keys_data.size(), rng());
+    const auto q_data = fairkv_test::random_floats(static_cast<std::size_t>(sh.batch * qh * L * sh.dim), rng());
+    auto score_data = fairkv_test::random_floats(static_cast<std::size_t>(sh.batch * sh.heads * L), rng());
+    score_data[3] = score_data[5];  // a tie, broken by the order, not by the thread that saw it
+    auto keys = make_contiguous_view<const float>(keys_data.data(), sh.batch, sh.heads, L, sh.dim);
+    auto in = with_queries(keys, make_contiguous_view<const float>(q_data.data(), sh.batch, qh, L, sh.dim));
+    in.scores = score_view{score_data.data(), sh.batch, sh.heads, L, sh.heads * L, L, 1};
+    const auto half = static_cast<std::int32_t>(L / 2), last = static_cast<std::int32_t>(L - 1);
+    const std::vector<segment> segs = {{2, half}, {half, last}};
+    const std::vector<std::int32_t> wl = {1, 3};
+    for (scorer_kind sk : {scorer_kind::knorm, scorer_kind::streaming_llm, scorer_kind::snapkv, scorer_kind::tova,
+                           scorer_kind::h2o, scorer_kind::external})
+      for (selection_kind sel : {selection_kind::per_head, selection_kind::union_heads, selection_kind::head_adaptive})
+        for (allocator_kind ak : {allocator_kind::uniform, allocator_kind::whitelist, allocator_kind::fair,
+                                  allocator_kind::fair_with_whitelist, allocator_kind::debias,
+                                  allocator_kind::fair_paper}) {
+          policy_spec spec;
+          spec.scorer = sk;
+          spec.selector = sel;
+          spec.allocator = ak;
+          spec.window = 8;
+          spec.lambda = 0.5f;
+          const bool with_segs = ak != allocator_kind::uniform && ak != allocator_kind::whitelist;
+          const bool with_wl = ak == allocator_kind::whitelist || ak == allocator_kind::fair_with_whitelist;
+          const std::span<const segment> sg = with_segs ? std::span<const segment>(segs) : std::span<const segment>();
+          const std::span<const std::int32_t> w =
+              with_wl ? std::span<const std::int32_t>(wl) : std::span<const std::int32_t>();
+          const double ratio = 0.3 + 0.2 * double(rng() % 3);
+          CAPTURE(int(sk));
+          CAPTURE(int(sel));
+          CAPTURE(int(ak));
+          keep_plan serial, p2, p4;
+          const result r0 = dispatch(spec, [&](const auto& pol) { return cpu::plan(pol, in, sg, w, ratio, serial); });
+          const result r2 = dispatch(spec, [&](const auto& pol) { return cpu::plan(two, pol, in, sg, w, ratio, p2); });
+          const result r4 = dispatch(spec, [&](const auto& pol) { return cpu::plan(four, pol, in, sg, w, ratio, p4); });
+          REQUIRE(r2.code() == r0.code());
+          REQUIRE(r4.code() == r0.code());
+          if (!r0) continue;
+          ++planned;
+          CHECK(same_plan(serial, p2, sh.batch, sh.heads));
+          CHECK(same_plan(serial, p4, sh.batch, sh.heads));
+          // Compaction of K and V in place, once per executor, from the same cache.
+          std::vector<float> k0 = keys_data, v0 = values_data, k4 = keys_data, v4 = values_data;
+          auto view = [&](std::vector<float>& d) {
+            return make_contiguous_view<float>(d.data(), sh.batch, sh.heads, L, sh.dim);
+          };
+          REQUIRE(cpu::compact(serial.view(), view(k0), view(v0)).ok());
+          REQUIRE(cpu::compact(four, serial.view(), view(k4), view(v4)).ok());
+          CHECK(std::memcmp(k0.data(), k4.data(), k0.size() * sizeof(float)) == 0);
+          CHECK(std::memcmp(v0.data(), v4.data(), v0.size() * sizeof(float)) == 0);
+          ++compared;
+        }
+  }
+  MESSAGE(planned << " plans compared");
+  CHECK(planned >= 400);  // most combinations are valid requests (fair_paper refuses external scores, ...)
+  CHECK(compared == planned);
+}
+
+TEST_CASE("executor: the workspace is sized for the executor's concurrency; the serial layout is unchanged") {
+  using namespace fairkv;
+  const auto keys_data = fairkv_test::random_floats(4 * 50 * 8, 3);
+  auto keys = make_contiguous_view<const float>(keys_data.data(), 1, 4, 50, 8);
+  const policy<scorers::knorm, selectors::per_head, allocators::uniform> pol{};
+  std::size_t serial = 0, via_serial_executor = 0, parallel = 0;
+  REQUIRE(cpu::plan(nullptr, serial, pol, keys_only(keys), {}, {}, 0.5, keep_plan_view{}).ok());
+  REQUIRE(cpu::plan(cpu::serial_executor{}, nullptr, via_serial_executor, pol, keys_only(keys), {}, {}, 0.5,
+                    keep_plan_view{})
+              .ok());
+  const thread_executor four(4);
+  REQUIRE(cpu::plan(four, nullptr, parallel, pol, keys_only(keys), {}, {}, 0.5, keep_plan_view{}).ok());
+  CHECK(via_serial_executor == serial);
+  CHECK(parallel > serial);
+  // A buffer sized for the serial planner is too small for four tasks: refused, not overrun.
+  std::vector<std::byte> ws(serial);
+  keep_plan out;
+  out.resize(1, 4, 50);
+  const result r = cpu::plan(four, ws.data(), serial, pol, keys_only(keys), {}, {}, 0.5, out.view());
+  CHECK(r.code() == status::insufficient_workspace);
+}
