@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "fairkv/fairkv.hpp"
+#include "thread_executor.hpp"
 
 namespace {
 
@@ -99,76 +100,7 @@ void baseline_nth_element(benchmark::State& state) {
   set_bytes(state, L);
 }
 
-// A persistent pool: the caller takes part, the others wait on a condition variable between runs.
-class thread_executor {
- public:
-  explicit thread_executor(int threads) : n_(threads) {
-    for (int i = 1; i < n_; ++i) workers_.emplace_back([this] { work(); });
-  }
-  ~thread_executor() {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (std::thread& t : workers_) t.join();
-  }
-  std::int64_t concurrency() const noexcept { return n_; }
-  void run(std::int64_t n, fairkv::cpu::task_ref f) const {
-    if (n_ == 1) {
-      for (std::int64_t i = 0; i < n; ++i) f(i);
-      return;
-    }
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      job_ = &f;
-      count_ = n;
-      next_.store(0);
-      done_ = 0;
-      ++generation_;
-    }
-    cv_.notify_all();
-    drain();
-    std::unique_lock<std::mutex> lock(m_);
-    done_cv_.wait(lock, [&] { return done_ == count_; });
-    job_ = nullptr;
-  }
-
- private:
-  void drain() const {
-    std::int64_t mine = 0;
-    for (std::int64_t i = next_.fetch_add(1); i < count_; i = next_.fetch_add(1)) {
-      (*job_)(i);
-      ++mine;
-    }
-    if (mine == 0) return;
-    std::lock_guard<std::mutex> lock(m_);
-    done_ += mine;
-    if (done_ == count_) done_cv_.notify_all();
-  }
-  void work() const {
-    std::uint64_t seen = 0;
-    for (;;) {
-      {
-        std::unique_lock<std::mutex> lock(m_);
-        cv_.wait(lock, [&] { return stop_ || (generation_ != seen && job_ != nullptr); });
-        if (stop_) return;
-        seen = generation_;
-      }
-      drain();
-    }
-  }
-
-  int n_;
-  std::vector<std::thread> workers_;
-  mutable std::mutex m_;
-  mutable std::condition_variable cv_, done_cv_;
-  mutable const fairkv::cpu::task_ref* job_ = nullptr;
-  mutable std::int64_t count_ = 0, done_ = 0;
-  mutable std::atomic<std::int64_t> next_{0};
-  mutable std::uint64_t generation_ = 0;
-  bool stop_ = false;
-};
+using fairkv_testing::thread_executor;
 
 const thread_executor& pool_of(int threads) {
   static const thread_executor one(1), two(2);
