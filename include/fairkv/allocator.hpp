@@ -30,6 +30,9 @@ struct allocation_context {
   std::span<const std::int64_t> forced;    // [groups] whitelisted tokens per group (shared by all heads)
   std::span<const std::int64_t> own;       // [heads, groups] plain policy's kept counts; empty unless requested
   std::span<std::int64_t> scratch;         // [groups] free for the allocator's own use
+  // [grouping segments] the caller's index of group g's segment, for parameters given per caller segment
+  // (allocators/prioritized.hpp); the remainder group, last when present, has no entry.
+  std::span<const std::int32_t> origin;
   [[nodiscard]] constexpr std::int64_t groups() const noexcept { return static_cast<std::int64_t>(sizes.size()); }
 };
 

@@ -4,11 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "fairkv/allocators/debias.hpp"
 #include "fairkv/allocators/fair.hpp"
 #include "fairkv/allocators/fair_paper.hpp"
+#include "fairkv/allocators/prioritized.hpp"
 #include "fairkv/allocators/uniform.hpp"
 #include "fairkv/allocators/whitelist.hpp"
 #include "fairkv/policy.hpp"
@@ -27,7 +29,15 @@ namespace fairkv {
 
 // external: the caller's scores (layer_inputs::scores), see scorers/external.hpp.
 enum class scorer_kind : std::uint8_t { knorm, streaming_llm, snapkv, tova, h2o, external };
-enum class allocator_kind : std::uint8_t { uniform, whitelist, fair, fair_with_whitelist, debias, fair_paper };
+enum class allocator_kind : std::uint8_t {
+  uniform,
+  whitelist,
+  fair,
+  fair_with_whitelist,
+  debias,
+  fair_paper,
+  prioritized
+};
 
 struct policy_spec {
   scorer_kind scorer = scorer_kind::knorm;
@@ -41,6 +51,10 @@ struct policy_spec {
   std::int32_t sinks = 4;         // fair, fair_with_whitelist, debias: leading tokens always kept (allocators/protection.hpp)
   std::int32_t paper_sinks = 0;   // fair_paper: the paper keeps no sinks explicitly
   std::int32_t boundary = 0;      // segment-aware allocators: tokens kept at each end of every segment
+  // prioritized: a weight and a floor per caller segment (empty: weight 1, floor 0), and for the tokens outside
+  // every segment. The span is read when the plan is made; it must outlive the calls made with this spec.
+  std::span<const segment_priority> priorities{};
+  segment_priority remainder_priority{};
 };
 
 [[nodiscard]] inline result parse(std::string_view name, scorer_kind& out) noexcept {
@@ -74,9 +88,11 @@ struct policy_spec {
   else if (name == "fair_with_whitelist") out = allocator_kind::fair_with_whitelist;
   else if (name == "debias") out = allocator_kind::debias;
   else if (name == "fair_paper") out = allocator_kind::fair_paper;
+  else if (name == "prioritized") out = allocator_kind::prioritized;
   else
     return result::error(status::invalid_argument,
-                         "unknown allocator '%.*s' (uniform, whitelist, fair, fair_with_whitelist, debias, fair_paper)",
+                         "unknown allocator '%.*s' (uniform, whitelist, fair, fair_with_whitelist, debias, fair_paper, "
+                         "prioritized)",
                          static_cast<int>(name.size()), name.data());
   return {};
 }
@@ -94,6 +110,8 @@ decltype(auto) dispatch_allocator(const policy_spec& spec, S s, Sel sel, F&& f) 
     case allocator_kind::debias: return f(policy<S, Sel, allocators::debias>{s, sel, {spec.lambda, protect}});
     case allocator_kind::fair_paper:
       return f(policy<S, Sel, allocators::fair_paper>{s, sel, {{spec.paper_sinks, spec.boundary}}});
+    case allocator_kind::prioritized:
+      return f(policy<S, Sel, allocators::prioritized>{s, sel, {spec.priorities, spec.remainder_priority, protect}});
     case allocator_kind::uniform: break;
   }
   return f(policy<S, Sel, allocators::uniform>{s, sel, {}});

@@ -6,6 +6,7 @@
 #include "fairkv/allocators/debias.hpp"
 #include "fairkv/allocators/fair.hpp"
 #include "fairkv/allocators/fair_paper.hpp"
+#include "fairkv/allocators/prioritized.hpp"
 #include "fairkv/allocators/protection.hpp"
 #include "fairkv/allocators/uniform.hpp"
 #include "fairkv/allocators/whitelist.hpp"

@@ -26,7 +26,7 @@ __all__ = ["Error", "Plan", "plan", "compact", "SCORERS", "SELECTORS", "ALLOCATO
 #: Names accepted for ``scorer``, ``selector`` and ``allocator`` (those of the C++ ``fairkv::dispatch``).
 SCORERS = ("knorm", "streaming_llm", "snapkv", "tova", "h2o", "external")
 SELECTORS = ("per_head", "union_heads", "head_adaptive")
-ALLOCATORS = ("uniform", "whitelist", "fair", "fair_with_whitelist", "debias", "fair_paper")
+ALLOCATORS = ("uniform", "whitelist", "fair", "fair_with_whitelist", "debias", "fair_paper", "prioritized")
 
 
 def plan(

@@ -162,6 +162,7 @@ const char* allocator_name(allocator_kind k) {
     case allocator_kind::fair_with_whitelist: return "fair_with_whitelist";
     case allocator_kind::debias: return "debias";
     case allocator_kind::fair_paper: return "fair_paper";
+    case allocator_kind::prioritized: return "prioritized";
     case allocator_kind::uniform: break;
   }
   return "uniform";

@@ -12,7 +12,7 @@ namespace {
 std::vector<std::int64_t> allocate(auto alloc, std::int64_t n_keep, std::int64_t heads, std::vector<std::int64_t> sizes,
                                    std::vector<std::int64_t> forced, std::vector<std::int64_t> own = {}) {
   std::vector<std::int64_t> out(static_cast<std::size_t>(heads) * sizes.size(), -7), scratch(sizes.size());
-  const allocation_context ctx{n_keep, heads, sizes, forced, own, scratch};
+  const allocation_context ctx{n_keep, heads, sizes, forced, own, scratch, {}};
   const result r = alloc.allocate(ctx, out);
   REQUIRE_MESSAGE(r.ok(), r.message());
   return out;
@@ -53,7 +53,7 @@ TEST_CASE("debias: interpolates the plain policy's own counts (lambda 0) and fai
   CHECK(allocate(allocators::debias{0.5f}, 4, 2, sizes, forced, {4, 0, 0, 4}) ==
         std::vector<std::int64_t>{3, 1, 1, 3});
   std::vector<std::int64_t> out(2), scratch(2);
-  const allocation_context ctx{4, 1, sizes, forced, own, scratch};
+  const allocation_context ctx{4, 1, sizes, forced, own, scratch, {}};
   CHECK(allocators::debias{1.5f}.allocate(ctx, out).code() == status::invalid_argument);
 }
 

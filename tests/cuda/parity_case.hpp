@@ -14,6 +14,7 @@
 #include "fairkv/allocators/debias.hpp"
 #include "fairkv/allocators/fair.hpp"
 #include "fairkv/allocators/fair_paper.hpp"
+#include "fairkv/allocators/prioritized.hpp"
 #include "fairkv/allocators/uniform.hpp"
 #include "fairkv/allocators/whitelist.hpp"
 #include "fairkv/budget.hpp"
@@ -51,7 +52,7 @@ static_assert(fairkv::Scorer<first_element>);
 
 enum class scorer_id { knorm, first_element, streaming_llm, snapkv, tova, h2o, external };
 enum class selector_id { per_head, union_heads, head_adaptive };
-enum class allocator_id { uniform, whitelist, fair, fair_with_whitelist, debias, fair_paper };
+enum class allocator_id { uniform, whitelist, fair, fair_with_whitelist, debias, fair_paper, prioritized };
 enum class dtype_id { f32, f16, bf16 };
 enum class layout_id { contiguous, capacity, token_major, strided_dim };
 enum class attention_input { queries, rows, column_sums };
@@ -77,6 +78,8 @@ struct host_case {
   std::vector<fairkv::segment> segments;
   std::vector<std::int32_t> whitelist;
   fairkv::allocators::protection protect{};     // fair, fair_with_whitelist, fair_paper: sinks and boundaries
+  std::vector<fairkv::segment_priority> priorities;  // prioritized: one per segment (empty: the defaults)
+  fairkv::segment_priority remainder_priority{};
   std::vector<unsigned char> k_bytes, v_bytes;  // element storage in `layout`, `dtype`
   std::vector<float> queries;                   // [batch, q_heads, q_tokens, head_dim]
   std::vector<float> attention;                 // [batch, q_heads, tokens (rows), tokens]
@@ -158,6 +161,8 @@ fairkv::result with_policy(const host_case& c, F&& f) {
       case allocator_id::fair_with_whitelist: return go(allocators::fair_with_whitelist{c.protect});
       case allocator_id::debias: break;  // only checked for the CUDA backend's not_supported (see the tests)
       case allocator_id::fair_paper: return go(allocators::fair_paper{c.protect});
+      case allocator_id::prioritized:
+        return go(allocators::prioritized{c.priorities, c.remainder_priority, c.protect});
     }
     return result::error(status::not_supported, "test: allocator not compiled");
   };

@@ -36,11 +36,27 @@ const bool quick = std::getenv("FAIRKV_CUDA_QUICK") != nullptr;
 
 [[nodiscard]] bool uses_segments(allocator_id a) {
   return a == allocator_id::fair || a == allocator_id::fair_with_whitelist || a == allocator_id::debias ||
-         a == allocator_id::fair_paper;
+         a == allocator_id::fair_paper || a == allocator_id::prioritized;
 }
 [[nodiscard]] bool uses_whitelist(allocator_id a) {
   return a == allocator_id::whitelist || a == allocator_id::fair_with_whitelist || a == allocator_id::debias ||
-         a == allocator_id::fair_paper;
+         a == allocator_id::fair_paper || a == allocator_id::prioritized;
+}
+
+// prioritized: drops the floors when, with every forced token counted apart, they might not fit n_keep (a plan
+// that both backends refuse is the host checks' business, not parity's).
+void fit_floors(host_case& c, std::int64_t n_keep) {
+  std::int64_t need = static_cast<std::int64_t>(std::set<std::int32_t>(c.whitelist.begin(), c.whitelist.end()).size()) +
+                      c.protect.n_sink;
+  for (std::size_t i = 0; i < c.segments.size(); ++i) {
+    need += std::min<std::int64_t>(c.segments[i].size(), 2 * c.protect.boundary);
+    if (i < c.priorities.size())
+      need += static_cast<std::int64_t>(std::ceil(double(c.priorities[i].floor) * double(c.segments[i].size())));
+  }
+  need += static_cast<std::int64_t>(std::ceil(double(c.remainder_priority.floor) * double(c.tokens)));
+  if (need <= n_keep) return;
+  for (fairkv::segment_priority& p : c.priorities) p.floor = 0.f;
+  c.remainder_priority.floor = 0.f;
 }
 
 template <class T>
@@ -113,6 +129,14 @@ host_case random_case(std::mt19937& rng, scorer_id s, selector_id sel, allocator
     for (const fairkv::segment& s : c.segments) hard += std::min<std::int64_t>(s.size(), 2 * c.protect.boundary);
     if (hard > fairkv::keep_budget(L, c.ratio) || hard > 1000) c.protect.boundary = 0;
   }
+  if (a == allocator_id::prioritized) {  // weights with an unweighted tier and ties; floors where they fit
+    const float weights[] = {0.f, 0.5f, 1.f, 1.f, 3.f}, floors[] = {0.f, 0.f, 0.25f, 0.5f};
+    if (rng() % 4 != 0)
+      for (std::size_t i = 0; i < c.segments.size(); ++i)
+        c.priorities.push_back({weights[rng() % 5], floors[rng() % 4]});
+    c.remainder_priority = {weights[rng() % 5], floors[rng() % 4] / 2};
+    fit_floors(c, fairkv::keep_budget(L, c.ratio));
+  }
   const std::int64_t bytes = storage_elements(c) * dtype_bytes(d);
   c.k_bytes.resize(static_cast<std::size_t>(bytes));
   c.v_bytes.resize(static_cast<std::size_t>(bytes));
@@ -173,6 +197,7 @@ void use_token_budget(std::mt19937& rng, host_case& c) {
   for (const fairkv::segment& s : c.segments) hard += std::min<std::int64_t>(s.size(), 2 * c.protect.boundary);
   if (hard > std::min(n, L)) c.protect.boundary = 0;
   while (distinct() > std::min(n, L)) c.whitelist.pop_back();
+  fit_floors(c, std::min(n, L));
   c.name += " tokens " + std::to_string(n);
 }
 
@@ -284,8 +309,9 @@ const scorer_id exact_scorers[] = {scorer_id::first_element, scorer_id::knorm, s
   return is_attention(s) || s == scorer_id::streaming_llm || s == scorer_id::external;
 }
 const selector_id all_selectors[] = {selector_id::per_head, selector_id::union_heads, selector_id::head_adaptive};
-const allocator_id all_allocators[] = {allocator_id::uniform, allocator_id::whitelist, allocator_id::fair,
-                                       allocator_id::fair_with_whitelist, allocator_id::fair_paper};
+const allocator_id all_allocators[] = {allocator_id::uniform,    allocator_id::whitelist,
+                                       allocator_id::fair,       allocator_id::fair_with_whitelist,
+                                       allocator_id::fair_paper, allocator_id::prioritized};
 const dtype_id all_dtypes[] = {dtype_id::f32, dtype_id::f16, dtype_id::bf16};
 
 }  // namespace
@@ -446,7 +472,7 @@ TEST_SUITE("cuda_host") {
           CHECK(bytes >= static_cast<std::size_t>(c.batch * c.heads * c.tokens) * 4u);  // at least the scores
           ++n;
         }
-    CHECK(n == 6 * 3 * 5 + 3 * 4);
+    CHECK(n == 6 * 3 * 6 + 3 * 5);
   }
 
   TEST_CASE("cuda planner: can_implement refuses as the free function and the CPU oracle do") {
@@ -688,7 +714,7 @@ TEST_SUITE("cuda_parity") {
       }
     MESSAGE(cases << " exact token-budget cases; " << attention << " attention cases, " << attention_exact
                   << " bit-identical");
-    CHECK(cases == 4 * 3 * 5 - 3);
+    CHECK(cases == 4 * 3 * 6 - 3);
     CHECK(attention_exact * 10 >= attention * 7);
   }
 

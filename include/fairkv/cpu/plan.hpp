@@ -113,9 +113,13 @@ template <class S, class Sel, class A, class KeySource, class Q, executor E>
   if constexpr (Sel::kind == selection_kind::union_heads) head_mean(w.scores, ld, heads, L, w.mean_scores);
   if constexpr (A::needs_own_allocation) own_allocation<Sel>(w, ld, heads, s);
   const auto G = static_cast<std::size_t>(s.groups);
-  const allocation_context ctx{s.n_keep,       heads, {w.sizes, G}, {w.forced_n, G},
+  const allocation_context ctx{s.n_keep,
+                               heads,
+                               {w.sizes, G},
+                               {w.forced_n, G},
                                {w.own, A::needs_own_allocation ? static_cast<std::size_t>(heads) * G : 0u},
-                               {w.scratch, G}};
+                               {w.scratch, G},
+                               front::group_origins<S, A>({w.origin, segments.size()})};
   FAIRKV_TRY(front::allocate_budgets(pol.allocator, ctx, {w.budgets, static_cast<std::size_t>(heads) * G}));
   FAIRKV_TRY(select_sequence(ex, pol.selector, w, ld, heads, s, out));
   out.lengths[b] = static_cast<std::int32_t>(L);
@@ -182,7 +186,7 @@ template <executor E, class S, class Sel, class A, class KeySource, class Q>
   FAIRKV_TRY(fairkv::detail::check_workspace("workspace_bytes", workspace_bytes, needed));
   FAIRKV_TRY(fairkv::detail::check_output_plan(out, in.keys.batch, in.keys.heads, max_tokens));
   detail::layout<S, Sel, A>(detail::carver::align_base(workspace), w, in.keys.heads, max_tokens, n_segments, tasks);
-  fairkv::detail::sort_segments(segments, w.sorted);
+  fairkv::detail::sort_segments(segments, w.sorted, w.origin);
   for (std::int64_t b = 0; b < in.keys.batch; ++b)
     FAIRKV_TRY(detail::plan_sequence(ex, pol, in, segments, whitelist, target, b, max_tokens, w, out));
   return {};

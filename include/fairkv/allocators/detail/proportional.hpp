@@ -11,12 +11,17 @@ namespace fairkv::allocators::detail {
 
 // out[g] for g < sizes.size(). Preconditions (checked by the backend): sizes[g] > 0, forced[g] <= sizes[g],
 // sum(forced) <= n_keep <= sum(sizes). Ties in the remainder go to the lower group index, for determinism.
-inline void proportional_budgets(std::int64_t n_keep, std::span<const std::int64_t> sizes,
-                                 std::span<const std::int64_t> forced, std::span<std::int64_t> out) noexcept {
+//
+// proportional_budgets_from: the same, with some groups pinned by the caller beforehand: out[g] >= 0 is a pinned
+// budget (charged to n_keep and left as it is), out[g] == proportional_active a group to share. The shares of the
+// active groups then stay within their sizes as long as the pinned budgets leave them no more than their total.
+inline constexpr std::int64_t proportional_active = -1;
+
+inline void proportional_budgets_from(std::int64_t n_keep, std::span<const std::int64_t> sizes,
+                                      std::span<const std::int64_t> forced, std::span<std::int64_t> out) noexcept {
   const std::size_t groups = sizes.size();
   // A negative out[g] marks a group still shared proportionally (not pinned at its forced count).
-  constexpr std::int64_t active = -1, topped_up = -2;
-  for (std::size_t g = 0; g < groups; ++g) out[g] = active;
+  constexpr std::int64_t active = proportional_active, topped_up = -2;
   for (;;) {
     std::int64_t budget = n_keep, active_size = 0;
     for (std::size_t g = 0; g < groups; ++g) {
@@ -55,6 +60,12 @@ inline void proportional_budgets(std::int64_t n_keep, std::span<const std::int64
       if (out[g] < 0) out[g] = budget * sizes[g] / active_size + (out[g] == topped_up ? 1 : 0);
     return;
   }
+}
+
+inline void proportional_budgets(std::int64_t n_keep, std::span<const std::int64_t> sizes,
+                                 std::span<const std::int64_t> forced, std::span<std::int64_t> out) noexcept {
+  for (std::size_t g = 0; g < sizes.size(); ++g) out[g] = proportional_active;
+  proportional_budgets_from(n_keep, sizes, forced, out);
 }
 
 }  // namespace fairkv::allocators::detail

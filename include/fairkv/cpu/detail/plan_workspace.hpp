@@ -29,6 +29,7 @@ struct plan_workspace {
   std::int32_t* group_of = nullptr;  // [max_tokens]
   run* runs = nullptr;             // [2 * segments + 1] maximal runs of one group
   segment* sorted = nullptr;       // [segments] the caller's segments in position order
+  std::int32_t* origin = nullptr;  // [segments] the caller's index of each sorted segment
   std::int64_t* sizes = nullptr;   // [groups]
   std::int64_t* forced_n = nullptr;  // [groups]
   std::int64_t* budgets = nullptr;   // [heads, groups]
@@ -68,6 +69,7 @@ std::size_t layout(void* base, plan_workspace& w, std::int64_t heads, std::int64
   c.carve(w.group_of, L);
   c.carve(w.runs, 2 * N + 1);
   c.carve(w.sorted, N);
+  c.carve(w.origin, N);
   c.carve(w.sizes, N + 1);
   c.carve(w.forced_n, N + 1);
   c.carve(w.budgets, H * (N + 1));

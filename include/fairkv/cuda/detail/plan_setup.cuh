@@ -152,7 +152,8 @@ template <class S, class Sel, class A, class KeySource, class Q>
 
   // ---- groups and runs; the split selection's slices per group ----
   segment sorted[max_segments], widened[2];
-  front::sort_segments(segments, sorted);
+  std::int32_t origin[max_segments];
+  front::sort_segments(segments, sorted, origin);
   const std::span<const segment> in_order(sorted, segments.size());
   if constexpr (front::is_paper_allocator_v<A>) {
     a.paper = true;
@@ -191,7 +192,8 @@ template <class S, class Sel, class A, class KeySource, class Q>
   for (std::int32_t i = 0; i < p.groups; ++i) sizes[i] = p.sizes[i];
   for (std::int32_t i = 0; i < p.n_forced; ++i) ++forced_n[group_of(p, p.forced[i])];
   const auto G = static_cast<std::size_t>(p.groups);
-  const allocation_context ctx{n_keep, heads, {sizes, G}, {forced_n, G}, {}, {scratch, G}};
+  const allocation_context ctx{n_keep,         heads, {sizes, G}, {forced_n, G}, {}, {scratch, G},
+                               front::group_origins<S, A>({origin, segments.size()})};
   FAIRKV_TRY(front::allocate_budgets(pol.allocator, ctx, {budgets, static_cast<std::size_t>(heads) * G}));
   for (std::size_t i = 0; i < static_cast<std::size_t>(heads) * G; ++i) p.budgets[i] = static_cast<std::int32_t>(budgets[i]);
   for (std::size_t i = 0; i < G; ++i) p.forced_n[i] = static_cast<std::int32_t>(forced_n[i]);

@@ -15,10 +15,15 @@
 
 namespace fairkv::detail {
 
-// The caller's (validated: disjoint, non-empty) segments in position order, into sorted[0, segments.size()).
-inline void sort_segments(std::span<const segment> segments, segment* sorted) noexcept {
-  std::copy(segments.begin(), segments.end(), sorted);
-  std::sort(sorted, sorted + segments.size(), [](const segment& a, const segment& b) { return a.begin < b.begin; });
+// The caller's (validated: disjoint, non-empty) segments in position order, into sorted[0, segments.size()), and
+// where each came from: origin[i] is the caller's index of sorted[i] (allocation_context::origin, for allocators
+// whose parameters are given per caller segment). Begins are distinct, so the order is unique.
+inline void sort_segments(std::span<const segment> segments, segment* sorted, std::int32_t* origin) noexcept {
+  for (std::size_t i = 0; i < segments.size(); ++i) origin[i] = static_cast<std::int32_t>(i);
+  std::sort(origin, origin + segments.size(),
+            [&](std::int32_t a, std::int32_t b) { return segments[static_cast<std::size_t>(a)].begin <
+                                                         segments[static_cast<std::size_t>(b)].begin; });
+  for (std::size_t i = 0; i < segments.size(); ++i) sorted[i] = segments[static_cast<std::size_t>(origin[i])];
 }
 
 // fair_paper's two adjacent spans (validated), given in position order, as the paper's original spans.
@@ -40,6 +45,14 @@ template <class S, class A>
   } else {
     return sorted;
   }
+}
+
+// allocation_context::origin: the caller's index of each grouping segment's segment, in group order. fair_paper's
+// widened spans keep their segments' indices; the paper's StreamingLLM groups by nothing.
+template <class S, class A>
+[[nodiscard]] std::span<const std::int32_t> group_origins(std::span<const std::int32_t> origin) noexcept {
+  if constexpr (is_paper_allocator_v<A> && is_streaming_llm_v<S>) return {};
+  return origin;
 }
 
 struct grouping {
