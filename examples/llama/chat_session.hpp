@@ -144,6 +144,8 @@ class chat_session {
     for (head_state& h : heads_) {
       for (const segment_info& s : system_segments_) h.measured.push_back({s.begin, s.end});
       for (const segment_info& s : alloc) h.alloc.push_back({s.begin, s.end});
+      h.alloc_orig = h.alloc;
+      h.positions.assign(size_t(req_.budget), -1);
       h.whitelist = whitelist_;
     }
     if (needs_queries_)
@@ -160,6 +162,11 @@ class chat_session {
   const std::vector<fairkv::segment>& segments(int l, int g) const { return head(l, g).alloc; }
   const std::vector<fairkv::segment>& measured_segments(int l, int g) const { return head(l, g).measured; }
   const std::vector<int32_t>& whitelist(int l, int g) const { return head(l, g).whitelist; }
+  // The original (absolute) token ranges of segments(l, g), entry for entry.
+  const std::vector<fairkv::segment>& original_segments(int l, int g) const { return head(l, g).alloc_orig; }
+  // Absolute position (RoPE position, = index in the whole conversation) of cache row j of (layer l, KV head g).
+  int32_t position(int l, int g, int j) const { return head(l, g).positions.at(size_t(j)); }
+  int budget() const noexcept { return req_.budget; }
 
   // One turn: make room, feed the user turn, decode greedily, feed the answer's closing tokens.
   chat_turn_report turn(const std::string& user, const std::string& name = {}) {
@@ -240,6 +247,8 @@ class chat_session {
   struct head_state {
     std::vector<fairkv::segment> measured;  // the system segments the report measures; {x, x} once evicted
     std::vector<fairkv::segment> alloc;     // what fair eviction allocates over (evicted ones removed)
+    std::vector<fairkv::segment> alloc_orig;  // alloc's original ranges (absolute positions), entry for entry
+    std::vector<int32_t> positions;         // [budget] absolute position of each cache row (for checks, reports)
     std::vector<int32_t> whitelist;
   };
   head_state& head(int l, int g) { return heads_.at(size_t(l) * size_t(eng_.hp().n_kv_heads) + size_t(g)); }
@@ -254,7 +263,9 @@ class chat_session {
   // Feeds tokens (every head holds the same count: per_head and union keep equal counts), keeping their post-RoPE
   // queries beside the cache when the policy scores with attention.
   std::vector<float> feed(std::span<const int32_t> ids) {
-    const int at = max_len();
+    const int at = max_len(), pos = seq_.n_past;
+    for (head_state& h : heads_)
+      for (size_t t = 0; t < ids.size(); ++t) h.positions.at(size_t(at) + t) = pos + int32_t(t);
     std::vector<float> logits = eng_.feed(seq_, ids, false, capture_options{needs_queries_});
     if (needs_queries_) {
       const hparams& hp = eng_.hp();
@@ -272,7 +283,11 @@ class chat_session {
   // A new segment [begin, end) of every head (a user or assistant turn).
   void add_segment(int begin, int end) {
     if (end <= begin) return;
-    for (head_state& h : heads_) h.alloc.push_back({begin, end});
+    const int32_t p0 = heads_.front().positions[size_t(begin)];  // every head holds the same rows here
+    for (head_state& h : heads_) {
+      h.alloc.push_back({begin, end});
+      h.alloc_orig.push_back({p0, p0 + (end - begin)});
+    }
   }
 
   // Compresses every (layer, KV head) to `target` tokens and remaps its segments and whitelist.
@@ -330,29 +345,41 @@ class chat_session {
           for (size_t i = 0; i < kept.size(); ++i)
             if (kept[i] != int32_t(i)) std::copy_n(base + size_t(kept[i]) * hd, hd, base + i * size_t(hd));
         }
-      remap(head(l, g), plan, j, turn, l);
+      head_state& h = head(l, g);
+      for (size_t i = 0; i < kept.size(); ++i) h.positions[i] = h.positions[size_t(kept[i])];
+      remap(h, plan, j, turn, l);
     }
   }
 
-  // Maps one head's segments and whitelist through row `j` of the plan.
+  // Maps one head's segments and whitelist through row `j` of the plan. Segments go one by one, so each keeps
+  // its identity: a measured one evicted entirely stays as an empty range, an allocation one is removed with its
+  // original range.
   static void remap(head_state& hs, const fairkv::keep_plan& plan, int j, int turn, int l) {
     auto fail = [&](const fairkv::result& r) {
       throw std::runtime_error("turn " + std::to_string(turn) + ", layer " + std::to_string(l) + ": remap: " +
                                r.message());
     };
-    // Measured segments one by one, so an evicted one keeps its place (as an empty range).
-    for (fairkv::segment& s : hs.measured) {
-      if (s.end <= s.begin) continue;
+    auto one = [&](fairkv::segment s) {
       std::vector<fairkv::segment> out;
       fairkv::remap_counts counts;
       if (const fairkv::result r = fairkv::remap_segments(plan.view(), 0, std::span<const fairkv::segment>(&s, 1),
                                                           out, counts, j);
           !r.ok())
         fail(r);
-      s = out.empty() ? fairkv::segment{0, 0} : out.front();
+      return out.empty() ? fairkv::segment{0, 0} : out.front();
+    };
+    for (fairkv::segment& s : hs.measured)
+      if (s.end > s.begin) s = one(s);
+    size_t w = 0;
+    for (size_t i = 0; i < hs.alloc.size(); ++i) {
+      const fairkv::segment m = one(hs.alloc[i]);
+      if (m.end <= m.begin) continue;
+      hs.alloc[w] = m;
+      hs.alloc_orig[w++] = hs.alloc_orig[i];
     }
+    hs.alloc.resize(w);
+    hs.alloc_orig.resize(w);
     fairkv::remap_counts counts;
-    if (const fairkv::result r = fairkv::remap_segments(plan.view(), 0, hs.alloc, hs.alloc, counts, j); !r.ok()) fail(r);
     if (const fairkv::result r = fairkv::remap_whitelist(plan.view(), 0, hs.whitelist, hs.whitelist, counts, j); !r.ok())
       fail(r);
   }
