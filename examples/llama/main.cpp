@@ -4,14 +4,18 @@
 //                --policy snapkv --ratio 0.7 --fair --json out.json   (one command line)
 //   fairkv-llama --system ... --user ... --config --policy knorm --ratio 0.5 --config --policy snapkv --fair ...
 //                (a sweep: one prefill of the system turn, every configuration decoded in one batch)
+//   fairkv-llama chat --budget 256 --policy snapkv --fair --script turns.jsonl --json chat.json
+//                (a multi-turn conversation under a fixed token budget: chat_cli.hpp)
 #include <cstdio>
 #include <exception>
 #include <fstream>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "chat_cli.hpp"
 #include "cli.hpp"
 #include "runner.hpp"
 
@@ -82,6 +86,14 @@ int run_single_cli(const llama::runner_options& opt, const std::string& json_pat
 
 int main(int argc, char** argv) {
   try {
+    if (argc > 1 && std::string_view(argv[1]) == "chat") {
+      llama::chat_cli::args c = llama::chat_cli::parse(argc - 1, argv + 1);
+      if (c.help) {
+        std::fputs(llama::chat_cli::usage().c_str(), stdout);
+        return 0;
+      }
+      return llama::chat_cli::run(std::move(c));
+    }
     // Everything is parsed and validated before the model is loaded.
     llama::cli::args a = llama::cli::parse(argc, argv);
     if (a.help) {

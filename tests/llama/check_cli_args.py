@@ -129,6 +129,55 @@ def main():
     if p.returncode != 0 or missing:
         failures.append(f"--help: rc={p.returncode}, missing {missing}")
 
+    # fairkv-llama chat: the same strictness, before the model loads.
+    script = os.path.join(tmp, "turns.jsonl")
+    with open(script, "w") as f:
+        f.write('{"user": "hi", "name": "t1"}\n\n{"user": "bye"}\n')
+    bad_script = os.path.join(tmp, "bad.jsonl")
+    with open(bad_script, "w") as f:
+        f.write('{"user": "hi"}\n{"usr": "x"}\n')
+    chat = ["chat", "--budget", "256"]
+    chat_table = {
+        "--budget": ints + ["0", "-1", "1048577"],
+        "--ratio": ["0.5", "0"],  # refused whatever the value: a ratio together with a budget
+        "--policy": ["", "lru", "none", "external"],
+        "--selector": ["", "perhead", "head_adaptive"],
+        "--window": ints + ["0", "1048577"],
+        "--sinks": ints + ["-1", "1025"],
+        "--boundary": ints + ["-1", "1025"],
+        "--segments": ["", "words"],
+        "--whitelist": [""],
+        "--max-new-tokens": ints + ["-1", "1048577"],
+        "--threads": ints + ["0"],
+        "--model": ["", tmp],
+        "--system-file": ["", tmp, empty_file],
+        "--script": ["", tmp, os.path.join(tmp, "missing.jsonl"), empty_file, bad_script],
+        "--json": ["", tmp, os.path.join(tmp, "no-such-dir", "out.json")],
+    }
+    for opt, values in chat_table.items():
+        for v in values:
+            extra = ["--fair"] if opt in ("--sinks", "--boundary") else []
+            args = ["chat", *extra, opt, v] + ([] if opt == "--budget" else ["--budget", "256"])
+            expect_error(args, opt, f"chat {opt} {v!r}")
+    expect_error(["chat", "--policy", "knorm"], "--budget", "chat without --budget")
+    expect_error(chat + ["--budget", "128"], "--budget", "chat --budget twice")
+    expect_error(chat + ["--fair", "--budget", "4"], "--budget", "chat --budget twice (sinks)")
+    expect_error(["chat", "--fair", "--budget", "4"], "--budget", "chat --budget not above the sinks")
+    expect_error(chat + ["--sinks", "2"], "--sinks", "chat --sinks without --fair")
+    expect_error(chat + ["--user", "hi"], "--user", "chat --user (not a chat option)")
+    expect_error(chat + ["--system", "x", "--system-file", good_file], "--system-file", "chat --system and --system-file")
+    for g in [["--script", script], ["--policy", "snapkv", "--fair", "--sinks", "0"], ["--selector", "union_heads"],
+              ["--segments", "lines"], ["--json", os.path.join(tmp, "chat.json")], ["--whitelist", "x"]]:
+        cases += 1
+        rc, err = run(binary, chat + g)
+        if rc in (0, -999) or NO_MODEL not in err:
+            failures.append(f"good chat {g}: rc={rc}, stderr={err.strip()[:200]!r}")
+    cases += 1
+    p = subprocess.run([binary, "chat", "--help"], capture_output=True, text=True)
+    missing = [o for o in list(chat_table) + ["--fair", "--quiet", "--system"] if o not in p.stdout]
+    if p.returncode != 0 or missing:
+        failures.append(f"chat --help: rc={p.returncode}, missing {missing}")
+
     for f in failures:
         print("FAIL:", f)
     print(f"{cases - len(failures)} of {cases} command lines behaved")

@@ -1,0 +1,404 @@
+// A multi-turn conversation under a fixed token budget (issue 14, `fairkv-llama chat`): one sequence whose KV
+// cache holds at most `budget` tokens per KV head, compressed with a fairkv policy whenever the next turn would
+// not fit, with original positions kept (sequence::n_past counts every token ever fed, so RoPE'd keys stay where
+// they were and new tokens continue the positions).
+//
+// The rule (docs/llama-runner.md, "chat"): a turn needs room for R = its user tokens + --max-new-tokens + the
+// closing "<|im_end|>\n" tokens. Before the user turn is fed, if len + R > budget every (layer, KV head) is
+// compressed to keep_target::of_tokens(budget - R), so the whole turn (answer and closing tokens included) then
+// fits without a second compaction. A turn with R > budget, or a system turn longer than the budget, is refused
+// with the numbers (no chunked compression during prefill).
+//
+// Segments: the system turn's segments (markers or automatic segmentation), then each user turn and each
+// assistant turn its own segment. Per-head selection keeps different tokens in every KV head, so every
+// (layer, KV head) plans on a head-sliced view of the cache with its own segment list and whitelist, remapped
+// through its own plan row after each compaction (fairkv::remap_segments / remap_whitelist with head 0 of the
+// one-head plan). union_heads plans whole layers (its heads keep the same tokens, so the lists stay equal);
+// head_adaptive is refused: its ragged lengths would need a per-head keep target.
+//
+// Attention statistics: the scorers that read attention (snapkv, tova, h2o) recompute it from the post-RoPE
+// queries of every cached token, kept beside the cache ([n_layers][n_heads][budget][head_dim], the same
+// capacity as the keys) and compacted through the same plan. The window / last rows / column sums are thus those
+// of the queries still cached, over the keys still cached (a query whose own token was evicted is gone too).
+// This serves fair (segment-local) and plain scoring alike; online accumulation of H2O's column sums over the
+// queries since the last compaction is not implemented (docs/llama-runner.md says so).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <unistd.h>
+#include <utility>
+#include <vector>
+
+#include "chat.hpp"
+#include "compress.hpp"
+#include "console.hpp"
+#include "forward.hpp"
+#include "system_prompt.hpp"
+#include "tokenizer.hpp"
+
+namespace llama {
+
+// What a chat asks for besides the model: the compression (compress.policy, selector, window, fair, sinks,
+// boundary, segmentation; compress.ratio must stay 0: the budget is the target) and the budget.
+struct chat_request {
+  compress_request compress;
+  std::vector<std::string> whitelist;  // phrases of the system prompt
+  int budget = 0;                      // tokens per KV head kept at most (the cache's capacity)
+  int max_new_tokens = 128;
+};
+
+// Checks that need no model (the CLI calls it before loading one); throws naming the option.
+inline void check_chat_request(const chat_request& r) {
+  check_names(r.compress);
+  if (r.budget < 1) throw std::runtime_error("--budget: " + std::to_string(r.budget) + " must be at least 1 token");
+  if (r.compress.ratio != 0.0)
+    throw std::runtime_error("--ratio: chat keeps a token budget (--budget); a ratio together with a budget is refused");
+  if (r.compress.policy == "none")
+    throw std::runtime_error("--policy: 'none' cannot keep a budget; chat needs an eviction policy");
+  if (r.compress.selector == "head_adaptive")
+    throw std::runtime_error("--selector: head_adaptive is refused in chat: its ragged per-head lengths would need a "
+                             "per-head keep target (per_head or union_heads)");
+  if (r.compress.fair && r.compress.fair_mode != "proportional")
+    throw std::runtime_error("--fair-mode: chat supports the proportional mode only");
+  if (r.max_new_tokens < 0) throw std::runtime_error("--max-new-tokens: must be >= 0");
+  const int sinks = sinks_of(r.compress);
+  if (r.compress.fair && r.budget <= sinks)
+    throw std::runtime_error("--budget: " + std::to_string(r.budget) + " is not larger than the " +
+                             std::to_string(sinks) + " attention sinks kept under --fair");
+}
+
+// Resident set size in bytes (/proc/self/statm), 0 where unavailable.
+inline int64_t resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long size = 0, resident = 0;
+  const int n = std::fscanf(f, "%ld %ld", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? int64_t(resident) * int64_t(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
+struct chat_turn_report {
+  int index = 0;                 // 1-based
+  std::string name;              // the script's "name", if any
+  std::string user, answer;
+  int user_tokens = 0;           // the user turn with its template (and the assistant header)
+  int answer_tokens = 0;         // generated tokens (the stop token not counted)
+  bool compressed = false;       // a compaction ran before this turn
+  double compress_ms = 0;
+  int compress_target = 0;       // tokens per head kept by that compaction
+  int cache_before = 0;          // max over layers and heads, before the compaction
+  std::vector<int> cache_min, cache_max;  // [n_layers] tokens over the KV heads, after the turn
+  std::vector<double> system_kept;        // [system segments] mean over layers x heads of kept / original
+  double prefill_ms = 0, decode_ms = 0;
+  double decode_tps = 0;         // generated tokens per second of decoding
+  int64_t rss_bytes = 0;
+  int n_past = 0;                // tokens ever fed (the next position)
+};
+
+class chat_session {
+ public:
+  // Prefills the system turn. Throws with a clear message if it cannot run under the budget.
+  chat_session(engine& eng, const tokenizer& tok, chat_request req, const std::string& system)
+      : eng_(eng), tok_(tok), req_(std::move(req)), stops_(tok) {
+    check_chat_request(req_);
+    const hparams& hp = eng_.hp();
+    group_ = hp.n_heads / hp.n_kv_heads;
+    needs_queries_ = policy_needs_queries(req_.compress.policy);
+    close_ = tok_.encode(std::string(chat::im_end) + "\n", /*parse_special=*/true);
+
+    const parsed_system ps = parse_system_segments(system);
+    sys_ = chat::encode_system_turn(tok_, ps.text);
+    const int n_sys = int(sys_.tokens.ids.size());
+    if (n_sys > req_.budget)
+      throw std::runtime_error("the system turn has " + std::to_string(n_sys) + " tokens, more than --budget " +
+                               std::to_string(req_.budget) + " (chat does not compress during a prefill: raise "
+                               "--budget or shorten the system prompt)");
+    // Measured segments: the markers if any, else the allocation segments; allocation: --segments (default
+    // markers when marked, else sentences).
+    const segmentation mode = req_.compress.segmentation.empty()
+                                  ? (ps.marked ? segmentation::markers : segmentation::sentences)
+                                  : parse_segmentation(req_.compress.segmentation);
+    std::vector<segment_info> marked = map_segments(ps, sys_.text, sys_.tokens.offsets, sys_.content.begin, warnings_);
+    std::vector<segment_info> alloc = marked;
+    if (mode != segmentation::markers || !ps.marked) {
+      const parsed_system split{ps.text, split_text(ps.text, mode), false};
+      alloc = map_segments(split, sys_.text, sys_.tokens.offsets, sys_.content.begin, warnings_);
+    }
+    system_segments_ = ps.marked ? marked : alloc;
+    whitelist_ = whitelist_tokens(req_.whitelist, ps, sys_, warnings_);
+    const int sinks = sinks_of(req_.compress);
+    if (!whitelist_.empty() && req_.budget <= int(whitelist_.size()) + sinks)
+      throw std::runtime_error("--budget: " + std::to_string(req_.budget) + " is not larger than the " +
+                               std::to_string(sinks) + " sinks + " + std::to_string(whitelist_.size()) +
+                               " whitelisted tokens that every compaction must keep");
+    req_.compress.whitelist = whitelist_;  // policy_spec_of picks the whitelist allocator from it
+
+    seq_ = eng_.make_sequence(req_.budget);
+    heads_.assign(size_t(hp.n_layers) * size_t(hp.n_kv_heads), head_state{});
+    for (head_state& h : heads_) {
+      for (const segment_info& s : system_segments_) h.measured.push_back({s.begin, s.end});
+      for (const segment_info& s : alloc) h.alloc.push_back({s.begin, s.end});
+      h.alloc_orig = h.alloc;
+      h.positions.assign(size_t(req_.budget), -1);
+      h.whitelist = whitelist_;
+    }
+    if (needs_queries_)
+      queries_.assign(size_t(hp.n_layers), std::vector<float>(size_t(hp.n_heads) * size_t(req_.budget) * size_t(hp.head_dim)));
+    feed(sys_.tokens.ids);
+  }
+
+  const std::vector<segment_info>& system_segments() const noexcept { return system_segments_; }
+  const std::vector<std::string>& warnings() const noexcept { return warnings_; }
+  int system_tokens() const noexcept { return int(sys_.tokens.ids.size()); }
+  const sequence& seq() const noexcept { return seq_; }
+  int closing_tokens() const noexcept { return int(close_.size()); }
+  // The current segments (allocation list) and whitelist of (layer l, KV head g), in cache indices.
+  const std::vector<fairkv::segment>& segments(int l, int g) const { return head(l, g).alloc; }
+  const std::vector<fairkv::segment>& measured_segments(int l, int g) const { return head(l, g).measured; }
+  const std::vector<int32_t>& whitelist(int l, int g) const { return head(l, g).whitelist; }
+  // The original (absolute) token ranges of segments(l, g), entry for entry.
+  const std::vector<fairkv::segment>& original_segments(int l, int g) const { return head(l, g).alloc_orig; }
+  // Absolute position (RoPE position, = index in the whole conversation) of cache row j of (layer l, KV head g).
+  int32_t position(int l, int g, int j) const { return head(l, g).positions.at(size_t(j)); }
+  int budget() const noexcept { return req_.budget; }
+
+  // One turn: make room, feed the user turn, decode greedily, feed the answer's closing tokens.
+  chat_turn_report turn(const std::string& user, const std::string& name = {}) {
+    chat_turn_report r;
+    r.index = ++turns_;
+    r.name = name;
+    r.user = user;
+    const chat::encoded_turn u = chat::encode_user_turn(tok_, user);
+    r.user_tokens = int(u.tokens.ids.size());
+    const int room = r.user_tokens + req_.max_new_tokens + closing_tokens();
+    if (room > req_.budget)
+      throw std::runtime_error("turn " + std::to_string(r.index) + " needs " + std::to_string(room) +
+                               " tokens (user turn " + std::to_string(r.user_tokens) + " + --max-new-tokens " +
+                               std::to_string(req_.max_new_tokens) + " + " + std::to_string(closing_tokens()) +
+                               " closing tokens), more than --budget " + std::to_string(req_.budget) +
+                               ": refused (chat does not compress during a prefill)");
+    r.cache_before = max_len();
+    if (r.cache_before + room > req_.budget) {
+      const auto t0 = std::chrono::steady_clock::now();
+      r.compress_target = req_.budget - room;
+      compress_to(r.compress_target, r.index);
+      r.compressed = true;
+      r.compress_ms = ms_since(t0);
+    }
+
+    const int user_begin = max_len();
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<float> logits = feed(u.tokens.ids);
+    r.prefill_ms = ms_since(t0);
+    add_segment(user_begin, max_len());
+
+    const int answer_begin = max_len();
+    std::vector<int32_t> answer;
+    t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < req_.max_new_tokens; ++i) {
+      const int32_t next = argmax(logits);
+      if (stops_.contains(next)) break;
+      answer.push_back(next);
+      logits = feed(std::span<const int32_t>(&answer.back(), 1));
+    }
+    r.decode_ms = ms_since(t0);
+    feed(close_);
+    add_segment(answer_begin, max_len());
+    r.answer_tokens = int(answer.size());
+    r.answer = tok_.decode(answer);
+    r.decode_tps = r.decode_ms > 0 ? 1000.0 * r.answer_tokens / r.decode_ms : 0.0;
+
+    const hparams& hp = eng_.hp();
+    for (int l = 0; l < hp.n_layers; ++l) {
+      const auto& len = seq_.cache.layer(l).len;
+      r.cache_min.push_back(*std::min_element(len.begin(), len.end()));
+      r.cache_max.push_back(*std::max_element(len.begin(), len.end()));
+    }
+    r.system_kept = system_kept();
+    r.rss_bytes = resident_bytes();
+    r.n_past = seq_.n_past;
+    return r;
+  }
+
+  // Kept fraction of every system segment: mean over (layer, KV head) of its remapped tokens / original tokens.
+  std::vector<double> system_kept() const {
+    std::vector<double> out(system_segments_.size(), 0.0);
+    for (const head_state& h : heads_)
+      for (size_t i = 0; i < out.size(); ++i)
+        out[i] += double(h.measured[i].end - h.measured[i].begin) / double(system_segments_[i].tokens());
+    for (double& v : out) v /= double(heads_.size());
+    return out;
+  }
+
+  // Tokens cached in the longest head of any layer.
+  int max_len() const {
+    int m = 0;
+    for (int l = 0; l < seq_.cache.n_layers(); ++l) m = std::max(m, seq_.cache.max_len(l));
+    return m;
+  }
+
+ private:
+  struct head_state {
+    std::vector<fairkv::segment> measured;  // the system segments the report measures; {x, x} once evicted
+    std::vector<fairkv::segment> alloc;     // what fair eviction allocates over (evicted ones removed)
+    std::vector<fairkv::segment> alloc_orig;  // alloc's original ranges (absolute positions), entry for entry
+    std::vector<int32_t> positions;         // [budget] absolute position of each cache row (for checks, reports)
+    std::vector<int32_t> whitelist;
+  };
+  head_state& head(int l, int g) { return heads_.at(size_t(l) * size_t(eng_.hp().n_kv_heads) + size_t(g)); }
+  const head_state& head(int l, int g) const {
+    return heads_.at(size_t(l) * size_t(eng_.hp().n_kv_heads) + size_t(g));
+  }
+
+  static int32_t argmax(const std::vector<float>& logits) {
+    return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+
+  // Feeds tokens (every head holds the same count: per_head and union keep equal counts), keeping their post-RoPE
+  // queries beside the cache when the policy scores with attention.
+  std::vector<float> feed(std::span<const int32_t> ids) {
+    const int at = max_len(), pos = seq_.n_past;
+    for (head_state& h : heads_)
+      for (size_t t = 0; t < ids.size(); ++t) h.positions.at(size_t(at) + t) = pos + int32_t(t);
+    std::vector<float> logits = eng_.feed(seq_, ids, false, capture_options{needs_queries_});
+    if (needs_queries_) {
+      const hparams& hp = eng_.hp();
+      const size_t n = ids.size(), hd = size_t(hp.head_dim), cap = size_t(req_.budget);
+      for (int l = 0; l < hp.n_layers; ++l) {
+        kv_layer& cl = seq_.cache.layer(l);
+        for (size_t h = 0; h < size_t(hp.n_heads); ++h)
+          std::copy_n(cl.sys_q.data() + h * n * hd, n * hd, queries_[size_t(l)].data() + (h * cap + size_t(at)) * hd);
+        kv_cache::drop_captures(cl);
+      }
+    }
+    return logits;
+  }
+
+  // A new segment [begin, end) of every head (a user or assistant turn).
+  void add_segment(int begin, int end) {
+    if (end <= begin) return;
+    const int32_t p0 = heads_.front().positions[size_t(begin)];  // every head holds the same rows here
+    for (head_state& h : heads_) {
+      h.alloc.push_back({begin, end});
+      h.alloc_orig.push_back({p0, p0 + (end - begin)});
+    }
+  }
+
+  // Compresses every (layer, KV head) to `target` tokens and remaps its segments and whitelist.
+  void compress_to(int target, int turn) {
+    const hparams& hp = eng_.hp();
+    const int sinks = sinks_of(req_.compress);
+    const int forced = int(whitelist_.size()) + (req_.compress.fair ? sinks : 0);
+    if (target <= forced)
+      throw std::runtime_error("turn " + std::to_string(turn) + ": the compaction may keep " + std::to_string(target) +
+                               " tokens per head (--budget " + std::to_string(req_.budget) + " minus this turn's room), " +
+                               "not more than the " + std::to_string(forced) + " sinks and whitelisted tokens it must keep");
+    const bool union_heads = req_.compress.selector != "per_head";
+    const int slice = union_heads ? hp.n_kv_heads : 1;  // KV heads planned together
+    for (int l = 0; l < hp.n_layers; ++l)
+      for (int g0 = 0; g0 < hp.n_kv_heads; g0 += slice) plan_and_compact(l, g0, slice, target, turn);
+  }
+
+  void plan_and_compact(int l, int g0, int nkv, int target, int turn) {
+    const hparams& hp = eng_.hp();
+    const int hd = hp.head_dim, cap = req_.budget;
+    kv_layer& cl = seq_.cache.layer(l);
+    const int L = cl.len[size_t(g0)];
+    for (int g = g0; g < g0 + nkv; ++g)
+      if (cl.len[size_t(g)] != L) throw std::logic_error("chat: heads planned together hold different lengths");
+    head_state& hs = head(l, g0);
+    // Head-sliced views: {batch 1, nkv heads from g0, L tokens, hd}, rows `cap` apart.
+    fairkv::kv_view<float> keys = fairkv::make_capacity_view(seq_.cache.k_row(l, g0, 0), 1, nkv, L, cap, hd);
+    fairkv::kv_view<float> values = fairkv::make_capacity_view(seq_.cache.v_row(l, g0, 0), 1, nkv, L, cap, hd);
+    auto inputs = fairkv::keys_only(keys);
+    float* q = needs_queries_ ? queries_[size_t(l)].data() + size_t(g0) * size_t(group_) * size_t(cap) * size_t(hd)
+                              : nullptr;
+    if (q != nullptr)  // [1, nkv * group q-heads, L, hd], rows `cap` apart
+      inputs.queries = fairkv::make_capacity_view<const float>(q, 1, nkv * group_, L, cap, hd);
+    const fairkv::policy_spec spec = policy_spec_of(req_.compress, window_used_of(req_.compress, L));
+    const std::vector<fairkv::segment> no_segments;
+    const std::vector<fairkv::segment>& segs = req_.compress.fair ? hs.alloc : no_segments;
+    fairkv::keep_plan plan;
+    const fairkv::result res = fairkv::dispatch(spec, [&](const auto& pol) {
+      return fairkv::cpu::plan(pol, inputs, std::span<const fairkv::segment>(segs),
+                               std::span<const int32_t>(hs.whitelist), fairkv::keep_target::of_tokens(target), plan);
+    });
+    if (!res.ok())
+      throw std::runtime_error("turn " + std::to_string(turn) + ", layer " + std::to_string(l) + ": fairkv plan: " +
+                               res.message());
+    if (const fairkv::result c = fairkv::cpu::compact(plan.view(), keys, values); !c.ok())
+      throw std::runtime_error("turn " + std::to_string(turn) + ", layer " + std::to_string(l) +
+                               ": fairkv compact: " + c.message());
+    for (int j = 0; j < nkv; ++j) {
+      const int g = g0 + j;
+      const std::vector<int32_t> kept = plan.kept(0, j);
+      cl.len[size_t(g)] = int32_t(kept.size());
+      if (q != nullptr)  // the group's queries follow their tokens (ascending moves, in place)
+        for (int qh = 0; qh < group_; ++qh) {
+          float* base = queries_[size_t(l)].data() + (size_t(g) * group_ + size_t(qh)) * size_t(cap) * size_t(hd);
+          for (size_t i = 0; i < kept.size(); ++i)
+            if (kept[i] != int32_t(i)) std::copy_n(base + size_t(kept[i]) * hd, hd, base + i * size_t(hd));
+        }
+      head_state& h = head(l, g);
+      for (size_t i = 0; i < kept.size(); ++i) h.positions[i] = h.positions[size_t(kept[i])];
+      remap(h, plan, j, turn, l);
+    }
+  }
+
+  // Maps one head's segments and whitelist through row `j` of the plan. Segments go one by one, so each keeps
+  // its identity: a measured one evicted entirely stays as an empty range, an allocation one is removed with its
+  // original range.
+  static void remap(head_state& hs, const fairkv::keep_plan& plan, int j, int turn, int l) {
+    auto fail = [&](const fairkv::result& r) {
+      throw std::runtime_error("turn " + std::to_string(turn) + ", layer " + std::to_string(l) + ": remap: " +
+                               r.message());
+    };
+    auto one = [&](fairkv::segment s) {
+      std::vector<fairkv::segment> out;
+      fairkv::remap_counts counts;
+      if (const fairkv::result r = fairkv::remap_segments(plan.view(), 0, std::span<const fairkv::segment>(&s, 1),
+                                                          out, counts, j);
+          !r.ok())
+        fail(r);
+      return out.empty() ? fairkv::segment{0, 0} : out.front();
+    };
+    for (fairkv::segment& s : hs.measured)
+      if (s.end > s.begin) s = one(s);
+    size_t w = 0;
+    for (size_t i = 0; i < hs.alloc.size(); ++i) {
+      const fairkv::segment m = one(hs.alloc[i]);
+      if (m.end <= m.begin) continue;
+      hs.alloc[w] = m;
+      hs.alloc_orig[w++] = hs.alloc_orig[i];
+    }
+    hs.alloc.resize(w);
+    hs.alloc_orig.resize(w);
+    fairkv::remap_counts counts;
+    if (const fairkv::result r = fairkv::remap_whitelist(plan.view(), 0, hs.whitelist, hs.whitelist, counts, j); !r.ok())
+      fail(r);
+  }
+
+  engine& eng_;
+  const tokenizer& tok_;
+  chat_request req_;
+  chat::stop_tokens stops_;
+  int group_ = 1;
+  bool needs_queries_ = false;
+  std::vector<int32_t> close_;  // "<|im_end|>\n"
+  chat::encoded_turn sys_;
+  std::vector<segment_info> system_segments_;
+  std::vector<int32_t> whitelist_;
+  std::vector<std::string> warnings_;
+  sequence seq_;
+  std::vector<head_state> heads_;         // [n_layers * n_kv_heads]
+  std::vector<std::vector<float>> queries_;  // [n_layers][n_heads, budget, head_dim] post-RoPE queries of the cache
+  int turns_ = 0;
+};
+
+}  // namespace llama
