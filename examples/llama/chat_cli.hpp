@@ -216,6 +216,16 @@ inline const std::vector<option>& options() {
        }},
       {"--fair", "", "fair eviction over the system segments and every user / assistant turn",
        [](args& a, std::string_view, const std::string&) { a.req.compress.fair = true; }},
+      {"--system-floor", "F", "under --fair: every system segment keeps at least this fraction of its tokens, in\n"
+                              "[0, 1] (fairkv's prioritized allocator; default 0)",
+       [](args& a, std::string_view n, const std::string& v) {
+         a.req.system_floor = float(cli::parse_fraction(n, v, 0.0, 1.0));
+       }},
+      {"--turn-decay", "D", "under --fair: a turn's weight is D^age (age 0: the last turn), the system's 1, so older\n"
+                            "turns age out first; in [0, 1] (prioritized allocator; default 1: plain fair)",
+       [](args& a, std::string_view n, const std::string& v) {
+         a.req.turn_decay = float(cli::parse_fraction(n, v, 0.0, 1.0));
+       }},
       {"--sinks", "N", "attention-sink tokens always kept under --fair, in [0, 1024] (default 4)",
        [](args& a, std::string_view n, const std::string& v) { a.req.compress.sinks = cli::parse_int(n, v, 0, max_sinks); }},
       {"--boundary", "K", "first and last K tokens of every segment kept under --fair, in [0, 1024]",
@@ -285,8 +295,8 @@ inline args parse(int argc, const char* const* argv) {
   if (seen.count("--system") && seen.count("--system-file"))
     throw std::runtime_error("--system and --system-file: give one of them");
   if (!seen.count("--budget")) throw std::runtime_error("--budget: required (tokens per KV head kept at most)");
-  if (!a.req.compress.fair && (seen.count("--sinks") || seen.count("--boundary")))
-    throw std::runtime_error(std::string(seen.count("--sinks") ? "--sinks" : "--boundary") + ": needs --fair");
+  for (const char* o : {"--sinks", "--boundary", "--system-floor", "--turn-decay"})
+    if (!a.req.compress.fair && seen.count(o)) throw std::runtime_error(std::string(o) + ": needs --fair");
   check_chat_request(a.req);
   return a;
 }
@@ -367,7 +377,8 @@ inline int run(args a) {
     segs += "]";
     std::string doc = "{\"budget\": " + std::to_string(a.req.budget) + ", \"policy\": " +
                       json::quote(a.req.compress.policy) + ", \"fair\": " + (a.req.compress.fair ? "true" : "false") +
-                      ", \"selector\": " + json::quote(a.req.compress.selector) + ", \"whitelist\": " +
+                      ", \"system_floor\": " + json::number(a.req.system_floor) + ", \"turn_decay\": " +
+                      json::number(a.req.turn_decay) + ", \"selector\": " + json::quote(a.req.compress.selector) + ", \"whitelist\": " +
                       json::quote_list(a.req.whitelist) + ", \"max_new_tokens\": " +
                       std::to_string(a.req.max_new_tokens) + ", \"system_tokens\": " +
                       std::to_string(session.system_tokens()) + ", \"system_segments\": " + segs +

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <span>
@@ -51,6 +52,12 @@ struct chat_request {
   std::vector<std::string> whitelist;  // phrases of the system prompt
   int budget = 0;                      // tokens per KV head kept at most (the cache's capacity)
   int max_new_tokens = 128;
+  // Under fair: priorities per segment (fairkv::allocators::prioritized). Each system segment keeps at least
+  // system_floor of its tokens; a turn (user or assistant) `age` turns old weighs turn_decay^age against the
+  // system's 1. The defaults (0, 1) are plain fair eviction.
+  float system_floor = 0.0f;
+  float turn_decay = 1.0f;
+  bool prioritized() const noexcept { return compress.fair && (system_floor != 0.0f || turn_decay != 1.0f); }
 };
 
 // Checks that need no model (the CLI calls it before loading one); throws naming the option.
@@ -64,6 +71,11 @@ inline void check_chat_request(const chat_request& r) {
   if (r.compress.selector == "head_adaptive")
     throw std::runtime_error("--selector: head_adaptive is refused in chat: its ragged per-head lengths would need a "
                              "per-head keep target (per_head or union_heads)");
+  if (!(r.system_floor >= 0.0f && r.system_floor <= 1.0f))
+    throw std::runtime_error("--system-floor: must be in [0, 1]");
+  if (!(r.turn_decay >= 0.0f && r.turn_decay <= 1.0f)) throw std::runtime_error("--turn-decay: must be in [0, 1]");
+  if (!r.compress.fair && (r.system_floor != 0.0f || r.turn_decay != 1.0f))
+    throw std::runtime_error("--system-floor and --turn-decay set priorities of fair eviction: add --fair");
   if (r.compress.fair && r.compress.fair_mode != "proportional")
     throw std::runtime_error("--fair-mode: chat supports the proportional mode only");
   if (r.max_new_tokens < 0) throw std::runtime_error("--max-new-tokens: must be >= 0");
@@ -193,6 +205,7 @@ class chat_session {
     }
 
     const int user_begin = max_len();
+    turn_starts_.push_back(seq_.n_past);
     auto t0 = std::chrono::steady_clock::now();
     std::vector<float> logits = feed(u.tokens.ids);
     r.prefill_ms = ms_since(t0);
@@ -290,6 +303,29 @@ class chat_session {
     }
   }
 
+  // The prioritized allocator's weight and floor of each allocation segment (current ranges `current`, original
+  // ones `original`, entry for entry): a system segment weighs 1 and keeps system_floor of its *original* tokens
+  // (the allocator's floor is a fraction of the segment as it is now, so it is rescaled); a turn weighs
+  // turn_decay^age, age counted in turns back from the last one.
+  std::vector<fairkv::segment_priority> priorities_of(const std::vector<fairkv::segment>& current,
+                                                      const std::vector<fairkv::segment>& original) const {
+    std::vector<fairkv::segment_priority> out;
+    out.reserve(original.size());
+    for (size_t i = 0; i < original.size(); ++i) {
+      const fairkv::segment& s = original[i];
+      if (s.begin < system_tokens()) {
+        const double floor = double(req_.system_floor) * double(s.size()) / double(current[i].size());
+        out.push_back({1.0f, float(std::min(1.0, floor))});
+        continue;
+      }
+      // Turn t (0-based) starts at turn_starts_[t]; the turn being made room for is the last entry's successor.
+      const auto t = std::upper_bound(turn_starts_.begin(), turn_starts_.end(), s.begin) - turn_starts_.begin() - 1;
+      const int age = int(turn_starts_.size()) - 1 - int(t);
+      out.push_back({float(std::pow(double(req_.turn_decay), double(age))), 0.0f});
+    }
+    return out;
+  }
+
   // Compresses every (layer, KV head) to `target` tokens and remaps its segments and whitelist.
   void compress_to(int target, int turn) {
     const hparams& hp = eng_.hp();
@@ -321,7 +357,13 @@ class chat_session {
                               : nullptr;
     if (q != nullptr)  // [1, nkv * group q-heads, L, hd], rows `cap` apart
       inputs.queries = fairkv::make_capacity_view<const float>(q, 1, nkv * group_, L, cap, hd);
-    const fairkv::policy_spec spec = policy_spec_of(req_.compress, window_used_of(req_.compress, L));
+    fairkv::policy_spec spec = policy_spec_of(req_.compress, window_used_of(req_.compress, L));
+    std::vector<fairkv::segment_priority> priorities;
+    if (req_.prioritized()) {
+      priorities = priorities_of(hs.alloc, hs.alloc_orig);
+      spec.allocator = fairkv::allocator_kind::prioritized;  // takes the whitelist too
+      spec.priorities = priorities;
+    }
     const std::vector<fairkv::segment> no_segments;
     const std::vector<fairkv::segment>& segs = req_.compress.fair ? hs.alloc : no_segments;
     fairkv::keep_plan plan;
@@ -399,6 +441,7 @@ class chat_session {
   std::vector<head_state> heads_;         // [n_layers * n_kv_heads]
   std::vector<std::vector<float>> queries_;  // [n_layers][n_heads, budget, head_dim] post-RoPE queries of the cache
   int turns_ = 0;
+  std::vector<int32_t> turn_starts_;  // absolute position of every turn's first user token
 };
 
 }  // namespace llama

@@ -58,6 +58,17 @@ inline double parse_ratio(std::string_view option, std::string_view text) {
   return v;
 }
 
+// A finite number in [lo, hi] (closed).
+inline double parse_fraction(std::string_view option, std::string_view text, double lo, double hi) {
+  const std::string range = "[" + json::number(lo) + ", " + json::number(hi) + "]";
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty() || !std::isfinite(v))
+    fail(option, "'" + std::string(text) + "' is not a finite number (expected one in " + range + ")");
+  if (!(v >= lo && v <= hi)) fail(option, std::string(text) + " is out of range " + range);
+  return v;
+}
+
 // A --policy, --selector or --fair-mode name, checked by compress.hpp (fairkv::parse for the first two).
 inline std::string parse_name(std::string_view option, std::string_view text,
                               std::string (*name_error)(std::string_view)) {

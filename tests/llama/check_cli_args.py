@@ -145,6 +145,8 @@ def main():
         "--window": ints + ["0", "1048577"],
         "--sinks": ints + ["-1", "1025"],
         "--boundary": ints + ["-1", "1025"],
+        "--system-floor": ["", "x", "-0.1", "1.5", "nan", "inf", "0.5x"],
+        "--turn-decay": ["", "x", "-0.5", "2", "nan"],
         "--segments": ["", "words"],
         "--whitelist": [""],
         "--max-new-tokens": ints + ["-1", "1048577"],
@@ -156,7 +158,7 @@ def main():
     }
     for opt, values in chat_table.items():
         for v in values:
-            extra = ["--fair"] if opt in ("--sinks", "--boundary") else []
+            extra = ["--fair"] if opt in ("--sinks", "--boundary", "--system-floor", "--turn-decay") else []
             args = ["chat", *extra, opt, v] + ([] if opt == "--budget" else ["--budget", "256"])
             expect_error(args, opt, f"chat {opt} {v!r}")
     expect_error(["chat", "--policy", "knorm"], "--budget", "chat without --budget")
@@ -164,10 +166,13 @@ def main():
     expect_error(chat + ["--fair", "--budget", "4"], "--budget", "chat --budget twice (sinks)")
     expect_error(["chat", "--fair", "--budget", "4"], "--budget", "chat --budget not above the sinks")
     expect_error(chat + ["--sinks", "2"], "--sinks", "chat --sinks without --fair")
+    expect_error(chat + ["--system-floor", "0.5"], "--system-floor", "chat --system-floor without --fair")
+    expect_error(chat + ["--turn-decay", "0.5"], "--turn-decay", "chat --turn-decay without --fair")
     expect_error(chat + ["--user", "hi"], "--user", "chat --user (not a chat option)")
     expect_error(chat + ["--system", "x", "--system-file", good_file], "--system-file", "chat --system and --system-file")
     for g in [["--script", script], ["--policy", "snapkv", "--fair", "--sinks", "0"], ["--selector", "union_heads"],
-              ["--segments", "lines"], ["--json", os.path.join(tmp, "chat.json")], ["--whitelist", "x"]]:
+              ["--segments", "lines"], ["--json", os.path.join(tmp, "chat.json")], ["--whitelist", "x"],
+              ["--fair", "--system-floor", "0.5", "--turn-decay", "0.7"]]:
         cases += 1
         rc, err = run(binary, chat + g)
         if rc in (0, -999) or NO_MODEL not in err:

@@ -6,7 +6,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chat_cli.hpp"
@@ -171,6 +174,61 @@ TEST_CASE("chat: budget never exceeded; remapped segments hold their original to
         CHECK(compressions >= 2);
         CHECK(s.seq().n_past > r.budget);  // positions continue past the budget
   }
+}
+
+TEST_CASE("chat: --system-floor holds every system segment's floor; --turn-decay evicts older turns first") {
+  const std::string path = llama::test::default_model_path();
+  if (llama::test::skip_without_model(path, "chat priorities test")) return;
+  const loaded L(path);
+  // Kept fraction of absolute positions [begin, end), mean over (layer, KV head).
+  auto kept_fraction = [](const llama::chat_session& s, int begin, int end) {
+    const llama::kv_cache& c = s.seq().cache;
+    double sum = 0;
+    for (int l = 0; l < c.n_layers(); ++l)
+      for (int g = 0; g < c.n_kv_heads(); ++g) {
+        int n = 0;
+        for (int j = 0; j < c.layer(l).len[size_t(g)]; ++j) n += s.position(l, g, j) >= begin && s.position(l, g, j) < end;
+        sum += double(n) / double(end - begin);
+      }
+    return sum / double(c.n_layers() * c.n_kv_heads());
+  };
+  auto run = [&](llama::engine& eng, float floor, float decay, std::vector<std::pair<int, int>>& turns) {
+    llama::chat_request r = request(96, "knorm", true);
+    r.max_new_tokens = 6;
+    r.system_floor = floor;
+    r.turn_decay = decay;
+    auto s = std::make_unique<llama::chat_session>(eng, L.tok, r, chat_system);
+    for (const std::string& u : chat_turns) {
+      const int begin = s->seq().n_past;
+      (void)s->turn(u);
+      turns.push_back({begin, s->seq().n_past});
+      // Every system segment keeps at least ceil(floor * its original tokens) in every layer and KV head.
+      const llama::kv_cache& c = s->seq().cache;
+      for (const llama::segment_info& seg : s->system_segments())
+        for (int l = 0; l < c.n_layers(); ++l)
+          for (int g = 0; g < c.n_kv_heads(); ++g) {
+            int n = 0;
+            for (int j = 0; j < c.layer(l).len[size_t(g)]; ++j)
+              n += s->position(l, g, j) >= seg.begin && s->position(l, g, j) < seg.end;
+            REQUIRE(n >= int(std::ceil(double(floor) * double(seg.tokens()))));
+          }
+    }
+    return s;
+  };
+  std::vector<std::pair<int, int>> plain_turns, floor_turns, decay_turns;
+  llama::engine e1(L.m, 1, llama::forward_options{2}), e2(L.m, 1, llama::forward_options{2}),
+      e3(L.m, 1, llama::forward_options{2});
+  const auto plain = run(e1, 0.0f, 1.0f, plain_turns);
+  const auto floored = run(e2, 0.6f, 1.0f, floor_turns);
+  const llama::segment_info& defense = floored->system_segments().front();
+  CHECK(kept_fraction(*floored, defense.begin, defense.end) >= 0.6);
+  CHECK(kept_fraction(*plain, defense.begin, defense.end) < 0.6);  // the floor is what holds it
+  // Decay 0.3: after the last turn's compaction the first turn keeps a smaller fraction than the third.
+  const auto decayed = run(e3, 0.0f, 0.3f, decay_turns);
+  const double first = kept_fraction(*decayed, decay_turns[0].first, decay_turns[0].second);
+  const double third = kept_fraction(*decayed, decay_turns[2].first, decay_turns[2].second);
+  CHECK(first < third);
+  CHECK(kept_fraction(*plain, plain_turns[0].first, plain_turns[0].second) > first);
 }
 
 TEST_CASE("chat: cached keys after compaction are the keys of their original positions") {
