@@ -87,7 +87,7 @@ def composite_gain(records: list[dict], metric: str, policy: str, variant: str, 
                    n: int = 2000, seed: int = 0) -> dict | None:
     """sign x (variant - plain) of `metric`, per item averaged over `ratios` and `defenses`, then the mean over
     the items both have, with its bootstrap interval (items resampled). sign = -1 for KL (lower is better).
-    `distinguishable`: the interval excludes 0."""
+    `distinguishable`: at least 2 items and the interval excludes 0."""
     ratios = tuple(ratios)
     v = per_item(records, metric, policy, variant, ratios, defenses)
     p = per_item(records, metric, policy, "plain", ratios, defenses)
@@ -96,7 +96,9 @@ def composite_gain(records: list[dict], metric: str, policy: str, variant: str, 
         return None
     diffs = [sign * (v[k] - p[k]) for k in keys]
     m, lo, hi = mean_ci(diffs, n, seed)
-    return {"gain": m, "low": lo, "high": hi, "items": len(keys), "distinguishable": lo > 0 or hi < 0}
+    # One item has no sampling distribution: its degenerate interval says nothing, so it never counts as evidence.
+    return {"gain": m, "low": lo, "high": hi, "items": len(keys),
+            "distinguishable": len(keys) >= 2 and (lo > 0 or hi < 0)}
 
 
 # ------------------------------------------------------------------------------------------------ the sweep

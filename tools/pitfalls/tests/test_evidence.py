@@ -75,6 +75,9 @@ def test_composite_gain_hand_worked():
     # The plain variant against itself: exactly zero, not distinguishable.
     z = ev.composite_gain(rs, "defense_delta", "snapkv", "plain", ratios=(0.4, 0.7))
     assert (z["gain"], z["low"], z["high"], z["distinguishable"]) == (0.0, 0.0, 0.0, False)
+    # A single item (item 1 alone) gives a point 'interval': never distinguishable.
+    one = ev.composite_gain([r for r in rs if r["key"] == 1], "defense_delta", "snapkv", "fair", ratios=(0.4, 0.7))
+    assert (one["gain"], one["low"], one["high"], one["items"], one["distinguishable"]) == (1.5, 1.5, 1.5, 1, False)
     # No record of the policy: no gain.
     assert ev.composite_gain(rs, "defense_delta", "tova", "fair") is None
 
