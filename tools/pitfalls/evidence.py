@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Iterable
 
 from . import jsonl
+from .aggregate import variant_label
 from .data import REPO_ROOT, default_data_dir, load_attack, load_defenses, load_items, pick_subset
 from .harness import POLICIES, VARIANT_SPECS, VARIANTS, Run, Settings, config_for
 from .runner import Config, RunnerError, SweepRequest, find_runner, is_budget_error, run_sweep
@@ -391,6 +392,52 @@ def cmd_report(a) -> int:
     return 0
 
 
+# ------------------------------------------- intervals for the greedy runs of `run` (docs/data/pitfalls_small.jsonl)
+
+GREEDY_METRICS = {
+    "leakage ROUGE-L recall": lambda r: r["leak"]["rougeL_recall_system"],
+    "refusal rate": lambda r: 1.0 if r["leak"]["refusal"] else 0.0,
+    "IFEval strict (instruction level)": lambda r: statistics.fmean(1.0 if x else 0.0 for x in r["ifeval"]["strict"]),
+}
+
+
+def greedy_item_means(records: list[dict], variant: str, metric) -> dict[int, float]:
+    """Per item: the mean of metric over the item's answered runs of the variant (aggregate.variant_label: runs of
+    other settings, e.g. `fair [sinks 0]`, are their own variant) at ratios > 0 (every policy, both orders, the
+    latest record of each run); variant 'uncompressed': its ratio-0 runs."""
+    latest: dict[str, dict] = {}
+    for r in records:
+        latest[r["run_id"]] = r
+    by: dict[int, list[float]] = {}
+    for r in latest.values():
+        if r.get("status") != "ok":
+            continue
+        if (variant == "uncompressed" and r["ratio"] == 0) or (r["ratio"] > 0 and variant_label(r) == variant):
+            by.setdefault(r["key"], []).append(metric(r))
+    return {k: statistics.fmean(v) for k, v in by.items()}
+
+
+def greedy_summary(records: list[dict]) -> str:
+    """The summary of `run`'s greedy metrics per variant, as means over items with bootstrap 95 % intervals."""
+    labels = {variant_label(r) for r in records if r.get("ratio", 0) > 0}
+    variants = ["uncompressed"] + [v for v in VARIANTS if v in labels] + sorted(labels - set(VARIANTS))
+    lines = ["| variant (ratios > 0, all policies, both orders) | items | " + " | ".join(GREEDY_METRICS) + " |",
+             "|---|---|" + "---|" * len(GREEDY_METRICS)]
+    for v in variants:
+        row, n = [], 0
+        for f in GREEDY_METRICS.values():
+            m = greedy_item_means(records, v, f)
+            n = max(n, len(m))
+            row.append(fmt_ci(*mean_ci(list(m.values())), 3) if m else "-")
+        lines.append(f"| {v} | {n} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def cmd_greedy(a) -> int:
+    print(greedy_summary([r for path in a.inputs for r in jsonl.read(path)]))
+    return 0
+
+
 def _csv(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
@@ -423,6 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--md-out", type=Path, default=None)
     p.add_argument("--img-dir", type=Path, default=REPO_ROOT / "docs" / "img")
     p.add_argument("--no-plots", action="store_true")
+    g = sub.add_parser("greedy-ci", help="bootstrap intervals for the summary of `run`'s greedy answers")
+    g.add_argument("inputs", nargs="+", type=Path)
     return ap
 
 
@@ -431,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     for bad in (set(getattr(a, "policies", [])) - set(POLICIES)) | (set(getattr(a, "variants", [])) - set(VARIANTS)):
         print(f"error: unknown policy or variant {bad!r}", file=sys.stderr)
         return 2
-    return {"run": cmd_run, "report": cmd_report}[a.cmd](a)
+    return {"run": cmd_run, "report": cmd_report, "greedy-ci": cmd_greedy}[a.cmd](a)
 
 
 if __name__ == "__main__":

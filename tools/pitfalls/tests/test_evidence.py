@@ -141,3 +141,29 @@ def test_run_resume_and_report_against_the_stand_in_runner(env, tmp_path):
     assert "| snapkv | fair | 2 | +1.650 [+1.650, +1.650] | ≠ 0 | +0.275 [+0.275, +0.275] | ≠ 0 |" in text
     assert sorted(p.name for p in img.iterdir()) == ["evidence_defense_logprob.png", "evidence_kept_fraction.png",
                                                      "evidence_kl.png"]
+
+
+def greedy(key, variant, ratio, recall, refusal, strict, run_id=None, status="ok"):
+    return {"run_id": run_id or f"{key}|{variant}|{ratio}|{recall}", "status": status, "key": key,
+            "variant": variant, "fair": variant == "fair", "sinks": 4 if variant == "fair" else None, "ratio": ratio, "leak": {"rougeL_recall_system": recall, "refusal": refusal},
+            "ifeval": {"strict": strict}}
+
+
+def test_greedy_summary_hand_worked():
+    rs = [greedy(1, "plain", 0.0, 0.2, True, [True, False]),      # uncompressed: items 1 and 2
+          greedy(2, "plain", 0.0, 0.4, False, [False]),
+          greedy(1, "plain", 0.5, 0.1, False, [True, True]),      # item 1, plain: recall (0.1 + 0.3) / 2 = 0.2
+          greedy(1, "plain", 0.9, 0.3, False, [False, False]),    #   IFEval (1 + 0) / 2 = 0.5
+          greedy(2, "plain", 0.5, 0.6, True, [True]),             # item 2, plain: 0.6, refusal 1, IFEval 1
+          greedy(2, "plain", 0.5, 9.0, True, [True], status="error"),   # failed: left out
+          greedy(1, "fair", 0.5, 0.5, False, [True, False]),
+          {**greedy(2, "fair", 0.5, 0.7, False, [True]), "sinks": None}]   # an older fair run: no sinks
+    f = ev.GREEDY_METRICS["leakage ROUGE-L recall"]
+    assert ev.greedy_item_means(rs, "uncompressed", f) == {1: 0.2, 2: 0.4}
+    assert ev.greedy_item_means(rs, "plain", f) == pytest.approx({1: 0.2, 2: 0.6})
+    assert ev.greedy_item_means(rs, "plain", ev.GREEDY_METRICS["IFEval strict (instruction level)"]) == {1: 0.5, 2: 1.0}
+    table = ev.greedy_summary(rs)
+    # Two items 0.2 and 0.6: mean 0.4, resampled means 0.2, 0.4, 0.6 -> [0.2, 0.6].
+    assert "| plain | 2 | +0.400 [+0.200, +0.600] | +0.500 [+0.000, +1.000] | +0.750 [+0.500, +1.000] |" in table
+    assert "| fair | 1 | +0.500 [+0.500, +0.500] |" in table
+    assert "| fair [sinks 0] | 1 | +0.700 [+0.700, +0.700] |" in table
