@@ -36,6 +36,9 @@ RATIOS = tuple(round(0.1 * i, 1) for i in range(1, 10))
 GAIN_RATIOS = (0.4, 0.5, 0.6, 0.7)     # the paper's Table 1 averages over these
 DEFENSES = ("standard", "flipped")
 METRICS = ("defense_delta", "kl_attack", "kl_task")
+# Fewest items for a gain to be called distinguishable from zero: a percentile bootstrap interval lies within the
+# items' range and undercovers for few items (two items of the same sign always give an interval excluding 0).
+MIN_ITEMS = 10
 OUT = REPO_ROOT / "docs" / "data" / "evidence.jsonl"
 
 
@@ -85,10 +88,10 @@ def per_item(records: Iterable[dict], metric: str, policy: str, variant: str, ra
 
 def composite_gain(records: list[dict], metric: str, policy: str, variant: str, sign: float = 1.0,
                    ratios: Iterable[float] = GAIN_RATIOS, defenses: Iterable[str] = DEFENSES,
-                   n: int = 2000, seed: int = 0) -> dict | None:
+                   n: int = 2000, seed: int = 0, min_items: int = MIN_ITEMS) -> dict | None:
     """sign x (variant - plain) of `metric`, per item averaged over `ratios` and `defenses`, then the mean over
     the items both have, with its bootstrap interval (items resampled). sign = -1 for KL (lower is better).
-    `distinguishable`: at least 2 items and the interval excludes 0."""
+    `distinguishable`: at least min_items items and the interval excludes 0."""
     ratios = tuple(ratios)
     v = per_item(records, metric, policy, variant, ratios, defenses)
     p = per_item(records, metric, policy, "plain", ratios, defenses)
@@ -97,9 +100,8 @@ def composite_gain(records: list[dict], metric: str, policy: str, variant: str, 
         return None
     diffs = [sign * (v[k] - p[k]) for k in keys]
     m, lo, hi = mean_ci(diffs, n, seed)
-    # One item has no sampling distribution: its degenerate interval says nothing, so it never counts as evidence.
     return {"gain": m, "low": lo, "high": hi, "items": len(keys),
-            "distinguishable": len(keys) >= 2 and (lo > 0 or hi < 0)}
+            "distinguishable": len(keys) >= max(2, min_items) and (lo > 0 or hi < 0)}
 
 
 # ------------------------------------------------------------------------------------------------ the sweep
@@ -258,7 +260,9 @@ def gain_table(records) -> str:
                     row += ["-", ""]
                     continue
                 n = g["items"]
-                row += [fmt_ci(g["gain"], g["low"], g["high"], 3), "≠ 0" if g["distinguishable"] else "~ 0"]
+                flag = ("≠ 0" if g["distinguishable"] else "~ 0") if g["items"] >= MIN_ITEMS else \
+                    f"n < {MIN_ITEMS}" + (" (excl. 0)" if g["low"] > 0 or g["high"] < 0 else "")
+                row += [fmt_ci(g["gain"], g["low"], g["high"], 3), flag]
             lines.append("| " + " | ".join(row[:2] + [str(n or "-")] + row[2:]) + " |")
     return "\n".join(lines)
 
@@ -298,8 +302,9 @@ def report_markdown(records: list[dict]) -> str:
         out += [f"\n**Fidelity, {what} answer**: mean KL(uncompressed ‖ compressed) per token, nats, both orders "
                 "pooled, mean [95% CI]\n", metric_table(records, metric, None, ratios, 3)]
     out += ["\n**Composite gain** (Table-1 style): per item, the mean over ratios 0.4–0.7 and both orders of "
-            "(variant − plain); mean over items [95% CI]; `≠ 0` where the interval excludes 0. −KL: lower KL counts "
-            "as a gain.\n", gain_table(records)]
+            "(variant − plain); mean over items [95% CI]; `≠ 0` where the interval excludes 0 with at least "
+            f"{MIN_ITEMS} items (`n < {MIN_ITEMS}`: too few items to call; `(excl. 0)` says its interval excludes 0 "
+            "anyway). −KL: lower KL counts as a gain.\n", gain_table(records)]
     for d in defs:
         out += [f"\n**Kept fraction** (defense / instructions; fair_paper: the system-prompt span), {d} defense\n",
                 kept_table(records, d)]

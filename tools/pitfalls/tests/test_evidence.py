@@ -66,17 +66,20 @@ def fixed_records():
 
 def test_composite_gain_hand_worked():
     rs = fixed_records()
-    g = ev.composite_gain(rs, "defense_delta", "snapkv", "fair", ratios=(0.4, 0.7))
+    g = ev.composite_gain(rs, "defense_delta", "snapkv", "fair", ratios=(0.4, 0.7), min_items=2)
     # Per-item gains 1.5 and 0.5: mean 1.0; resampled means are 0.5, 1.0 or 1.5 -> interval [0.5, 1.5].
     assert g == {"gain": 1.0, "low": 0.5, "high": 1.5, "items": 2, "distinguishable": True}
-    k = ev.composite_gain(rs, "kl_attack", "snapkv", "fair", sign=-1.0, ratios=(0.4, 0.7))
+    # With the default minimum (10 items) the same two items are too few to call.
+    assert not ev.composite_gain(rs, "defense_delta", "snapkv", "fair", ratios=(0.4, 0.7))["distinguishable"]
+    k = ev.composite_gain(rs, "kl_attack", "snapkv", "fair", sign=-1.0, ratios=(0.4, 0.7), min_items=2)
     assert k["gain"] == pytest.approx(0.1) and k["low"] == pytest.approx(0.1) and k["high"] == pytest.approx(0.1)
     assert k["distinguishable"]
     # The plain variant against itself: exactly zero, not distinguishable.
     z = ev.composite_gain(rs, "defense_delta", "snapkv", "plain", ratios=(0.4, 0.7))
     assert (z["gain"], z["low"], z["high"], z["distinguishable"]) == (0.0, 0.0, 0.0, False)
     # A single item (item 1 alone) gives a point 'interval': never distinguishable.
-    one = ev.composite_gain([r for r in rs if r["key"] == 1], "defense_delta", "snapkv", "fair", ratios=(0.4, 0.7))
+    one = ev.composite_gain([r for r in rs if r["key"] == 1], "defense_delta", "snapkv", "fair", ratios=(0.4, 0.7),
+                            min_items=1)
     assert (one["gain"], one["low"], one["high"], one["items"], one["distinguishable"]) == (1.5, 1.5, 1.5, 1, False)
     # No record of the policy: no gain.
     assert ev.composite_gain(rs, "defense_delta", "tova", "fair") is None
@@ -87,7 +90,7 @@ def test_a_gain_whose_interval_straddles_zero_is_not_distinguishable():
     for key, x in ((1, 1.0), (2, -1.0)):
         for d in ("standard", "flipped"):
             rs += [rec(key, d, "plain", 0.5, 0.0), rec(key, d, "whitelist", 0.5, x)]
-    g = ev.composite_gain(rs, "defense_delta", "snapkv", "whitelist", ratios=(0.5,))
+    g = ev.composite_gain(rs, "defense_delta", "snapkv", "whitelist", ratios=(0.5,), min_items=2)
     assert (g["gain"], g["low"], g["high"], g["distinguishable"]) == (0.0, -1.0, 1.0, False)
 
 
@@ -138,7 +141,7 @@ def test_run_resume_and_report_against_the_stand_in_runner(env, tmp_path):
     assert "Composite gain" in text and "| snapkv | fair | 2 |" in text
     # fair's gain over plain: -1 - r against -1 - 4 r, averaged over r = 0.4..0.7 -> 3 x 0.55 = +1.650, the same
     # for every item, so the interval is that point; -KL gain, attack: r - r/2 averaged -> +0.275.
-    assert "| snapkv | fair | 2 | +1.650 [+1.650, +1.650] | ≠ 0 | +0.275 [+0.275, +0.275] | ≠ 0 |" in text
+    assert "| snapkv | fair | 2 | +1.650 [+1.650, +1.650] | n < 10 (excl. 0) | +0.275 [+0.275, +0.275] | n < 10 (excl. 0) |" in text
     assert sorted(p.name for p in img.iterdir()) == ["evidence_defense_logprob.png", "evidence_kept_fraction.png",
                                                      "evidence_kl.png"]
 
