@@ -39,5 +39,5 @@ export UBSAN_OPTIONS=print_stacktrace=1
 ctest --test-dir "$ASAN_BUILD" --output-on-failure -R '^fairkv_core_tests$'
 # ctest sees the runner suite as one test, so its filter is doctest's, on the program itself.
 "$ASAN_BUILD/tests/llama/fairkv_llama_tests" \
-  --test-case-exclude='forward: logits*,forward: a batched decode*,runner: compression at ratio 0*,runner: fair eviction*,runner: a sweep*' \
+  --test-case-exclude='forward: logits*,forward: a batched decode*,runner: compression at ratio 0*,runner: fair eviction*,runner: a sweep*,scoring: ratio 0*' \
   --subcase-exclude='plans equal except at near-ties*'

@@ -247,6 +247,18 @@ inline const std::vector<option>& options() {
          s.a.sweep = true;
          s.seen_config.clear();
        }},
+      {"--continuation", "TEXT", false, true,
+       "teacher-forced scoring: TEXT is forced after the user turn of the same rank (give one per\n"
+       "--user; \"\" leaves that turn unscored); each turn reports continuation_logprobs per token\n"
+       "and their sum continuation_logprob (docs/llama-runner.md, \"Scoring\")",
+       [](state& s, std::string_view, const std::string& v) { s.a.opt.continuations.push_back(v); }},
+      {"--reference", "", false, false,
+       "the first --config is the reference: every configuration forces its greedy answers and\n"
+       "reports kl_mean, kl_per_token (KL(reference || configuration) per pick) and reference_logprob",
+       [](state& s, std::string_view, const std::string&) { s.a.opt.reference = true; }},
+      {"--score-only", "", false, false,
+       "decode no greedy answer except the reference's: only the scores (needs --continuation or --reference)",
+       [](state& s, std::string_view, const std::string&) { s.a.opt.score_only = true; }},
       {"--max-batch", "N", false, false, "sequences decoded together at most, in [1, 1024] (default 64)",
        [](state& s, std::string_view n, const std::string& v) {
          s.a.opt.max_batch = parse_int(n, v, 1, max_batch_cap);
@@ -304,6 +316,13 @@ inline args parse(int argc, const char* const* argv) {
   if (s.a.opt.users.empty()) throw std::runtime_error("--user: at least one user turn is required (see --help)");
   if (!system && !system_file)
     s.a.opt.system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+  if (s.a.opt.reference && !s.a.sweep)
+    throw std::runtime_error("--reference: needs a sweep (--config ...); its first configuration is the reference");
+  if (!s.a.opt.continuations.empty() && s.a.opt.continuations.size() != s.a.opt.users.size())
+    fail("--continuation", "give one per --user (" + std::to_string(s.a.opt.users.size()) + "), got " +
+                               std::to_string(s.a.opt.continuations.size()) + " (\"\" leaves a turn unscored)");
+  if (s.a.opt.score_only && s.a.opt.continuations.empty() && !s.a.opt.reference)
+    throw std::runtime_error("--score-only: nothing to score (give --continuation or --reference)");
   if (!s.a.sweep) {
     s.a.opt.compress = s.defaults.compress;
     s.a.opt.whitelist = s.defaults.whitelist;

@@ -2,6 +2,7 @@
 // that refuse an invalid request, naming the option, before the model is loaded.
 #pragma once
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -33,6 +34,14 @@ struct runner_options {
   // A context (system turn + longest user turn + max_new_tokens) beyond the model's training context
   // (llama.context_length) is refused unless this is set; then it runs with a warning.
   bool allow_long_context = false;
+  // Teacher-forced scoring (scoring.hpp, docs/llama-runner.md "Scoring"): continuations[u] is forced after user
+  // turn u and its per-token log-probabilities reported ("" leaves that turn unscored; empty vector: none).
+  std::vector<std::string> continuations;
+  // The first configuration is the reference: every configuration forces its greedy answers and reports
+  // KL(reference || configuration) along them.
+  bool reference = false;
+  // Only scoring: no greedy answer is decoded, except the reference's.
+  bool score_only = false;
 };
 
 // Caps of the runner's counts (the CLI refuses values beyond them; docs/llama-runner.md, "Limits").
@@ -73,6 +82,17 @@ inline void check_request(const runner_options& opt, const std::vector<compress_
       throw std::runtime_error("--segments markers: the system prompt has no [[seg:NAME]] marker");
   }
   check_range("--max-new-tokens", opt.max_new_tokens, 0, max_token_count);
+  if (!opt.continuations.empty() && opt.continuations.size() != opt.users.size())
+    throw std::runtime_error("--continuation: give one per --user (" + std::to_string(opt.users.size()) +
+                             "), got " + std::to_string(opt.continuations.size()) + " (\"\" leaves a turn unscored)");
+  const bool any_continuation = std::any_of(opt.continuations.begin(), opt.continuations.end(),
+                                            [](const std::string& c) { return !c.empty(); });
+  if (!opt.continuations.empty() && !any_continuation)
+    throw std::runtime_error("--continuation: every continuation is empty, nothing to score");
+  if (opt.reference && opt.max_new_tokens == 0)
+    throw std::runtime_error("--reference: the reference answers need --max-new-tokens >= 1");
+  if (opt.score_only && !any_continuation && !opt.reference)
+    throw std::runtime_error("--score-only: nothing to score (give --continuation or --reference)");
   check_range("--max-batch", opt.max_batch, 1, max_batch_cap);
 }
 

@@ -10,6 +10,7 @@
 #include "compress.hpp"
 #include "json.hpp"
 #include "options.hpp"
+#include "scores.hpp"
 #include "system_prompt.hpp"
 
 namespace llama {
@@ -18,6 +19,7 @@ struct turn_result {
   std::string user;
   std::string answer;
   int new_tokens = 0;
+  turn_scores scores;  // teacher-forced scoring, when asked (scores.hpp)
 };
 
 struct run_report {
@@ -126,7 +128,8 @@ inline std::string to_json(const run_report& r) {
   s += "  \"turns\": [";
   for (size_t i = 0; i < r.turns.size(); ++i)
     s += std::string(i ? ",\n" : "\n") + "    {\"user\": " + quote(r.turns[i].user) + ", \"answer\": " +
-         quote(r.turns[i].answer) + ", \"new_tokens\": " + std::to_string(r.turns[i].new_tokens) + "}";
+         quote(r.turns[i].answer) + ", \"new_tokens\": " + std::to_string(r.turns[i].new_tokens) +
+         scores_json(r.turns[i].scores) + "}";
   s += r.turns.empty() ? "],\n" : "\n  ],\n";
   s += "  \"timings_ms\": {\"load\": " + number(r.load_ms) + ", \"prefill\": " + number(r.prefill_ms) +
        ", \"compress\": " + number(r.compress_ms) + ", \"decode\": " + number(r.decode_ms) + "},\n";

@@ -34,6 +34,7 @@
 #include "options.hpp"
 #include "report.hpp"
 #include "scheduler.hpp"
+#include "scoring.hpp"
 #include "system_prompt.hpp"
 #include "tokenizer.hpp"
 #include "utf8.hpp"
@@ -67,6 +68,7 @@ struct tokenized_prompt {
   chat::encoded_turn system;
   std::vector<segment_info> segments;      // token ranges of the system prompt's segments
   std::vector<chat::encoded_turn> users;
+  std::vector<std::vector<int32_t>> continuations;  // [users] tokens of --continuation (empty: not scored)
   int capacity = 0;                        // tokens per sequence (context_capacity)
   std::vector<std::string> warnings;       // about the prompt and the context: every report gets them
 };
@@ -82,7 +84,13 @@ inline tokenized_prompt tokenize_prompt(const tokenizer& tok, const parsed_syste
     p.users.push_back(chat::encode_user_turn(tok, u));
     max_user = std::max(max_user, int(p.users.back().tokens.ids.size()));
   }
-  p.capacity = context_capacity(int(p.system.tokens.ids.size()), max_user, opt.max_new_tokens, n_ctx_train,
+  // A forced continuation occupies the answer's place in the context.
+  int max_answer = opt.max_new_tokens;
+  for (const std::string& c : opt.continuations) {
+    p.continuations.push_back(c.empty() ? std::vector<int32_t>{} : tok.encode(c));
+    max_answer = std::max(max_answer, int(p.continuations.back().size()));
+  }
+  p.capacity = context_capacity(int(p.system.tokens.ids.size()), max_user, max_answer, n_ctx_train,
                                 opt.allow_long_context, p.warnings);
   return p;
 }
@@ -129,9 +137,11 @@ class turn_source {
   // Turn `id` is user turn id % users of configuration id / users.
   size_t config_of(size_t id) const { return id / users_.size(); }
   size_t user_of(size_t id) const { return id % users_.size(); }
+  // Only the first n configurations are run (score-only sweeps decode the reference's answers alone).
+  void limit(size_t n) { end_cfg_ = std::min(n, configs_.size()); }
 
   std::optional<decode_turn> next() {
-    while (next_cfg_ < configs_.size()) {
+    while (next_cfg_ < end_cfg_) {
       const size_t c = next_cfg_, u = next_user_;
       if (++next_user_ == users_.size()) next_user_ = 0, ++next_cfg_;
       run_report& rep = reps_[c];
@@ -190,7 +200,76 @@ class turn_source {
   std::optional<sequence> compressed_;
   size_t compressed_cfg_;
   size_t next_cfg_ = 0, next_user_ = 0;
+  size_t end_cfg_ = configs_.size();
 };
+
+// The reference configuration's greedy answers and the distributions it picked them from, per user turn.
+struct reference_answers {
+  explicit reference_answers(size_t users) : picks(users), dists(users) {}
+  std::vector<std::vector<int32_t>> picks;              // [users][picks]: the answer, + its stop token if any
+  std::vector<std::vector<std::vector<float>>> dists;   // [users][picks][n_vocab] log-probs (stop pick included)
+};
+
+// Teacher-forced scoring of every (configuration, user turn): each configuration's cache is compressed again and
+// each user turn prefilled again (the arithmetic of the greedy pass), then its continuation and/or the
+// reference's answer are forced, all in lockstep (scoring.hpp). Forced sequence 2·turn is the continuation,
+// 2·turn + 1 the reference's answer.
+inline void score_turns(engine& eng, const sequence& base, int n_sys, std::vector<compress_config>& configs,
+                        const tokenized_prompt& prompt, const reference_answers& refs, std::vector<run_report>& reps,
+                        bool strict, int max_batch, const progress& prog) {
+  turn_source turns(eng, base, n_sys, configs, prompt.users, reps, strict);
+  const bool reference = !refs.picks.empty();
+  std::vector<forced_turn> pending;
+  score_forced(
+      eng, max_batch, prog,
+      [&]() -> std::optional<forced_turn> {
+        while (pending.empty()) {
+          std::optional<decode_turn> t = turns.next();
+          if (!t) return std::nullopt;
+          const size_t u = turns.user_of(t->id);
+          if (reference) {
+            forced_turn f;
+            f.id = 2 * t->id + 1;
+            f.targets = refs.picks[u];  // the stop pick is scored, never fed
+            f.n_dists = int(f.targets.size());
+            f.reference = &refs.dists[u];
+            f.seq = t->seq;
+            f.logits = t->logits;
+            pending.push_back(std::move(f));
+          }
+          if (!prompt.continuations.empty() && !prompt.continuations[u].empty()) {
+            forced_turn f;
+            f.id = 2 * t->id;
+            f.targets = prompt.continuations[u];
+            f.n_dists = int(f.targets.size());
+            f.seq = std::move(t->seq);
+            f.logits = std::move(t->logits);
+            pending.push_back(std::move(f));
+          }
+        }
+        forced_turn f = std::move(pending.back());
+        pending.pop_back();
+        return f;
+      },
+      [&](forced_result&& r) {
+        const size_t id = r.id / 2;
+        turn_scores& sc = reps[turns.config_of(id)].turns[turns.user_of(id)].scores;
+        double sum = 0;
+        for (const double lp : r.logprobs) sum += lp;
+        if (r.id % 2 == 0) {
+          sc.continuation_scored = true;
+          sc.continuation_logprob = sum;
+          sc.continuation_logprobs = std::move(r.logprobs);
+        } else {
+          double kl = 0;
+          for (const double k : r.kl) kl += k;
+          sc.reference_scored = true;
+          sc.reference_logprob = sum;
+          sc.kl_mean = r.kl.empty() ? 0.0 : kl / double(r.kl.size());
+          sc.kl_per_token = std::move(r.kl);
+        }
+      });
+}
 
 // The shared body of run_session and run_sweep. strict: a configuration that cannot be compressed throws;
 // otherwise its report carries the error and the others run.
@@ -243,8 +322,12 @@ inline std::vector<run_report> run_configs(runner_options opt, std::vector<compr
     for (size_t u = 0; u < opt.users.size(); ++u) rep.turns[u].user = opt.users[u];
   }
 
-  // Every (configuration, user turn) answered, all decoded together.
+  // Every (configuration, user turn) answered, all decoded together (with --score-only, the reference's only).
+  // Each pick's log-probability is summed; the reference's distributions are kept for KL.
+  const size_t n_users = opt.users.size();
+  reference_answers refs(opt.reference ? n_users : 0);
   turn_source turns(eng, base, n_sys, configs, prompt.users, reps, strict);
+  if (opt.score_only) turns.limit(opt.reference ? 1 : 0);
   decode_greedy(
       eng, chat::stop_tokens(tok), {opt.max_new_tokens, opt.max_batch}, prog, [&] { return turns.next(); },
       [&](decoded_turn&& d) {
@@ -252,9 +335,24 @@ inline std::vector<run_report> run_configs(runner_options opt, std::vector<compr
         turn_result& t = rep.turns[turns.user_of(d.id)];
         t.answer = unicode::to_valid_utf8(tok.decode(d.tokens));  // as transformers' decode()
         t.new_tokens = int(d.tokens.size());
+        t.scores.answered = true;
         rep.decode_ms += d.decode_ms;
         rep.decode_tokens += d.fed;
+      },
+      [&](size_t id, std::span<const float> logits) {
+        turn_scores& sc = reps[turns.config_of(id)].turns[turns.user_of(id)].scores;
+        const int32_t pick = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        sc.answer_logprob += log_softmax_at(logits, pick);
+        ++sc.answer_picks;
+        if (opt.reference && turns.config_of(id) == 0) {
+          refs.picks[turns.user_of(id)].push_back(pick);
+          log_softmax(logits, refs.dists[turns.user_of(id)].emplace_back());
+        }
       });
+  if (opt.reference && !reps[0].error.empty())
+    throw std::runtime_error("--reference: the reference (first) configuration could not run: " + reps[0].error);
+  if (opt.reference || !prompt.continuations.empty())
+    score_turns(eng, base, n_sys, configs, prompt, refs, reps, strict, opt.max_batch, prog);
 
   for (size_t c = 0; c < configs.size(); ++c) {
     reps[c].options = opt;

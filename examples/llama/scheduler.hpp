@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -41,10 +42,11 @@ struct decode_limits {
 
 // admit() -> std::optional<decode_turn>: the next turn, nullopt when none is left; it is called only when a
 // place is free, so it may create each turn's cache lazily. finish(decoded_turn&&) receives every answer as it
-// completes.
-template <class Admit, class Finish>
+// completes. observe(id, logits) sees every distribution a turn picks from (its stop pick included), before
+// the pick (teacher-forced scoring's reference, scoring.hpp).
+template <class Admit, class Finish, class Observe>
 void decode_greedy(engine& eng, const chat::stop_tokens& stops, decode_limits limits, const progress& prog,
-                   Admit&& admit, Finish&& finish) {
+                   Admit&& admit, Finish&& finish, Observe&& observe) {
   struct active_turn {
     decode_turn turn;
     std::vector<int32_t> out;
@@ -75,6 +77,7 @@ void decode_greedy(engine& eng, const chat::stop_tokens& stops, decode_limits li
       bool done = limits.max_new_tokens == 0;
       if (!done) {
         const std::vector<float>& logits = a.turn.logits;
+        observe(a.turn.id, std::span<const float>(logits));
         const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
         if (stops.contains(next)) {
           done = true;
@@ -110,6 +113,13 @@ void decode_greedy(engine& eng, const chat::stop_tokens& stops, decode_limits li
     if (decoded % 64 < int(step_turns.size())) prog.update("decode", decoded, 0, ms_since(t0) / 1000.0, false);
   }
   prog.update("decode", decoded, 0, ms_since(t0) / 1000.0, true);
+}
+
+template <class Admit, class Finish>
+void decode_greedy(engine& eng, const chat::stop_tokens& stops, decode_limits limits, const progress& prog,
+                   Admit&& admit, Finish&& finish) {
+  decode_greedy(eng, stops, limits, prog, std::forward<Admit>(admit), std::forward<Finish>(finish),
+                [](size_t, std::span<const float>) {});
 }
 
 }  // namespace llama

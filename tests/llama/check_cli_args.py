@@ -85,6 +85,19 @@ def main():
     expect_error(base + ["--boundary", "2"], "--boundary", "--boundary without --fair")
     expect_error(base + ["--fair-mode", "paper"], "--fair-mode", "--fair-mode paper without --fair")
     expect_error(base + ["--frobnicate"], "--frobnicate", "unknown option")
+    # Teacher-forced scoring: one --continuation per --user, --reference needs a sweep and a reference answer,
+    # --score-only needs something to score, all global (not inside a --config).
+    expect_error(base + ["--continuation", "x", "--continuation", "y"], "--continuation", "two continuations, one user")
+    expect_error(base + ["--user", "b", "--continuation", "x"], "--continuation", "one continuation, two users")
+    expect_error(base + ["--continuation", ""], "--continuation", "only empty continuations")
+    expect_error(base + ["--reference"], "--reference", "--reference without --config")
+    expect_error(base + ["--reference", "--max-new-tokens", "0", "--config"], "--reference",
+                 "--reference with --max-new-tokens 0")
+    expect_error(base + ["--reference", "--reference", "--config"], "--reference", "--reference twice")
+    expect_error(base + ["--score-only", "--config"], "--score-only", "--score-only without scoring")
+    expect_error(base + ["--config", "--continuation", "x"], "--continuation", "--continuation after --config")
+    expect_error(base + ["--config", "--reference"], "--reference", "--reference after --config")
+    expect_error(base + ["--continuation"], "--continuation", "--continuation without a value")
     # --segments markers needs [[seg:]] markers in the system prompt.
     expect_error(base + ["--system", "Be brief. Be kind.", "--segments", "markers"], "--segments markers",
                  "--segments markers without a marker")
@@ -109,6 +122,10 @@ def main():
              # --policy and --selector take what fairkv::parse takes, its aliases included.
              ["--policy", "observed_attention"], ["--selector", "union_heads"], ["--selector", "union"],
              ["--system-file", good_file], ["--json", os.path.join(tmp, "out.json")], ["--allow-long-context"],
+             ["--continuation", "I can't assist with that request."],
+             ["--user", "b", "--continuation", "", "--continuation", "x", "--score-only"],
+             ["--reference", "--score-only", "--continuation", "x", "--config", "--config", "--policy", "knorm",
+              "--ratio", "0.5"],
              ["--ratio", "0.5", "--config", "--ratio", "0.7", "--sinks", "8", "--fair", "--config", "--ratio", "0.2",
               "--boundary", "2", "--fair-mode", "paper", "--fair"]]
     for g in goods:
@@ -124,7 +141,8 @@ def main():
     # --help lists every option, the new ones included.
     cases += 1
     p = subprocess.run([binary, "--help"], capture_output=True, text=True)
-    missing = [o for o in list(table) + ["--fair", "--allow-long-context", "--config", "--q8", "--quiet"]
+    missing = [o for o in list(table) + ["--fair", "--allow-long-context", "--config", "--q8", "--quiet",
+                                         "--continuation", "--reference", "--score-only"]
                if o not in p.stdout]
     if p.returncode != 0 or missing:
         failures.append(f"--help: rc={p.returncode}, missing {missing}")

@@ -264,5 +264,9 @@ def cmd_check(a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["evidence"]:   # its own parser: tools/pitfalls/evidence.py
+        from . import evidence
+        return evidence.main(argv[1:])
     a = build_parser().parse_args(argv)
     return {"run": cmd_run, "report": cmd_report, "overhead": cmd_overhead, "check": cmd_check}[a.cmd](a)

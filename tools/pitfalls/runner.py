@@ -144,12 +144,16 @@ def run(binary: Path, req: Request, timeout_s: float = 1800.0) -> tuple[dict, fl
     return doc, wall
 
 
-def run_sweep(binary: Path, req: SweepRequest, timeout_s: float = 7200.0) -> tuple[list, float]:
+def run_sweep(binary: Path, req: SweepRequest, timeout_s: float = 7200.0,
+              extra_args: tuple[str, ...] | list[str] = ()) -> tuple[list, float]:
     """One invocation for every configuration: a list with, per configuration in order, its --json document or
-    a RunnerError (a configuration the runner could not run, e.g. a whitelist over the keep budget)."""
+    a RunnerError (a configuration the runner could not run, e.g. a whitelist over the keep budget).
+    extra_args: more options of the whole run (e.g. the evidence mode's --continuation / --reference)."""
     with tempfile.TemporaryDirectory(prefix="pitfalls-") as tmp:
         json_path = Path(tmp) / "out.json"
-        docs, wall = _invoke(sweep_command(binary, req, json_path), json_path, timeout_s)
+        cmd = sweep_command(binary, req, json_path)
+        cmd[cmd.index("--config"):cmd.index("--config")] = list(extra_args)
+        docs, wall = _invoke(cmd, json_path, timeout_s)
     if not isinstance(docs, list) or len(docs) != len(req.configs):
         raise RunnerError(f"runner reported {len(docs) if isinstance(docs, list) else 'no'} of "
                           f"{len(req.configs)} configurations", 0, "")

@@ -45,6 +45,10 @@ ap.add_argument("--max-batch", type=int, default=64)
 ap.add_argument("--model", default="fake.gguf")
 ap.add_argument("--json", required=True)
 ap.add_argument("--quiet", action="store_true")
+# Teacher-forced scoring (the evidence mode): fixed functions of the configuration, see score().
+ap.add_argument("--continuation", action="append", default=[])
+ap.add_argument("--reference", action="store_true")
+ap.add_argument("--score-only", action="store_true")
 a = ap.parse_args(top)
 
 if os.environ.get("FAKE_RUNNER_LOG"):
@@ -82,6 +86,20 @@ def validate(c):
         sys.exit(2)
 
 
+def score(c, turn):
+    """Scores as fairkv-llama's --continuation / --reference report them: the refusal's log-prob falls with the
+    ratio (less under fair or a whitelist), KL grows with it (half under fair); 0 for the uncompressed cache."""
+    out = {}
+    if a.continuation and a.continuation[turn]:
+        n = len(a.continuation[turn].split())
+        lp = -1.0 - c.ratio * (1 if c.fair or c.whitelist else 4)
+        out.update(continuation_logprobs=[lp / n] * n, continuation_logprob=lp)
+    if a.reference:
+        kl = c.ratio * (0.5 if c.fair else 1.0) * (turn + 1)
+        out.update(kl_per_token=[kl, kl], kl_mean=kl, reference_logprob=-2.0 - kl)
+    return out
+
+
 def report(c):
     """The --json document of one configuration c (policy, ratio, window, fair options, whitelist)."""
     segs, total = segments()
@@ -113,6 +131,7 @@ def report(c):
         else:
             ans = "here is a short answer without any commas." if c.ratio < 0.9 else "Here, A Comma."
         turns.append({"user": u, "answer": ans, "new_tokens": len(ans.split())})
+        turns[-1].update(score(c, i))
     return {
         "model": a.model, "policy": c.policy, "ratio": c.ratio, "window": c.window, "fair": c.fair,
         "fair_mode": c.fair_mode if c.fair else None, "sinks": c.sinks if c.fair else 0, "boundary": c.boundary,
