@@ -3,8 +3,8 @@
 A defended system prompt (the standard defense template of defenses.json around an item of sys_ifeval.jsonl, as
 the harness builds it: segments.build_system_turn, defense first, every segment marked), 29 benign user turns (the
 user prompts of the next sys_ifeval items) and the attack of attacks.json last, run for plain / fair / whitelist /
-fair+whitelist. Plots the defense's kept fraction per turn for the four variants, and the cache tokens, RSS and
-decode tokens/s per turn.
+fair+whitelist / fair+priorities (--system-floor, --turn-decay). Plots the defense's kept fraction per turn for
+every variant, and the cache tokens, RSS and decode tokens/s per turn.
 
     python3 -m tools.pitfalls.chat_budget --binary build/examples/llama/fairkv-llama --out /tmp/chat_budget \
         --png docs/img/chat_budget.png
@@ -22,7 +22,7 @@ from pathlib import Path
 from .segments import build_system_turn, whitelist_phrases
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "pitfalls"
-VARIANTS = ("plain", "fair", "whitelist", "fair+whitelist")
+VARIANTS = ("plain", "fair", "whitelist", "fair+whitelist", "fair+priorities")
 
 
 def load_items(data: Path) -> list[dict]:
@@ -56,6 +56,8 @@ def run_variant(binary: Path, out: Path, variant: str, system_file: Path, script
            str(a.max_new_tokens), "--threads", str(a.threads), "--json", str(js)]
     if "fair" in variant:
         cmd.append("--fair")
+    if "priorities" in variant:  # the prioritized allocator: a floor for the system, older turns weigh less
+        cmd += ["--system-floor", str(a.system_floor), "--turn-decay", str(a.turn_decay)]
     if "whitelist" in variant:
         for w in whitelist:
             cmd += ["--whitelist", w]
@@ -71,7 +73,7 @@ def plot(docs: dict[str, dict], png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    styles = {"plain": "-", "whitelist": "--", "fair": ":", "fair+whitelist": "-."}
+    styles = {"plain": "-", "whitelist": "--", "fair": ":", "fair+whitelist": "-.", "fair+priorities": "-"}
     fig, axs = plt.subplots(2, 2, figsize=(11, 7))
     for v, d in docs.items():
         t = [r["turn"] for r in d["turns"]]
@@ -121,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--system-floor", type=float, default=0.5, help="fair+priorities: the system segments' floor")
+    p.add_argument("--turn-decay", type=float, default=0.8, help="fair+priorities: a turn's weight per turn of age")
     p.add_argument("--replot", action="store_true", help="plot the JSON reports already in --out")
     p.add_argument("--no-plot", action="store_true")
     a = p.parse_args(argv)
