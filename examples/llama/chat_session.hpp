@@ -16,12 +16,12 @@
 // one-head plan). union_heads plans whole layers (its heads keep the same tokens, so the lists stay equal);
 // head_adaptive is refused: its ragged lengths would need a per-head keep target.
 //
-// Attention statistics: the scorers that read attention (snapkv, tova, h2o) recompute it from the post-RoPE
-// queries of every cached token, kept beside the cache ([n_layers][n_heads][budget][head_dim], the same
-// capacity as the keys) and compacted through the same plan. The window / last rows / column sums are thus those
-// of the queries still cached, over the keys still cached (a query whose own token was evicted is gone too).
-// This serves fair (segment-local) and plain scoring alike; online accumulation of H2O's column sums over the
-// queries since the last compaction is not implemented (docs/llama-runner.md says so).
+// Attention statistics: plain H2O reads column sums accumulated online by every feed (prefill chunks and
+// single-token decode steps alike) over the queries fed since the last compaction, cleared after each one
+// (kv_layer::run_colsum). SnapKV, TOVA and fair H2O recompute attention from the post-RoPE queries of every cached
+// token, kept beside the cache ([n_layers][n_heads][budget][head_dim]) and compacted through the same plan:
+// SnapKV's window is the last w queries fed, TOVA's the last one (both always cached: the scorers keep their own
+// window), and fair H2O needs each segment's own queries, which column sums over the whole cache cannot give.
 #pragma once
 
 #include <algorithm>
@@ -121,7 +121,11 @@ class chat_session {
     check_chat_request(req_);
     const hparams& hp = eng_.hp();
     group_ = hp.n_heads / hp.n_kv_heads;
-    needs_queries_ = policy_needs_queries(req_.compress.policy);
+    // Plain H2O scores with column sums accumulated online since the last compaction; fair H2O (segment-local
+    // attention, which column sums over the whole cache cannot give) and SnapKV / TOVA recompute from the
+    // cached tokens' queries.
+    online_h2o_ = attention_input_of(req_.compress) == attention_input::column_sums;
+    needs_queries_ = policy_needs_queries(req_.compress.policy) && !online_h2o_;
     close_ = tok_.encode(std::string(chat::im_end) + "\n", /*parse_special=*/true);
 
     const parsed_system ps = parse_system_segments(system);
@@ -279,7 +283,9 @@ class chat_session {
     const int at = max_len(), pos = seq_.n_past;
     for (head_state& h : heads_)
       for (size_t t = 0; t < ids.size(); ++t) h.positions.at(size_t(at) + t) = pos + int32_t(t);
-    std::vector<float> logits = eng_.feed(seq_, ids, false, capture_options{needs_queries_});
+    capture_options capture{needs_queries_};
+    capture.running_column_sums = online_h2o_;
+    std::vector<float> logits = eng_.feed(seq_, ids, false, capture);
     if (needs_queries_) {
       const hparams& hp = eng_.hp();
       const size_t n = ids.size(), hd = size_t(hp.head_dim), cap = size_t(req_.budget);
@@ -357,6 +363,12 @@ class chat_session {
                               : nullptr;
     if (q != nullptr)  // [1, nkv * group q-heads, L, hd], rows `cap` apart
       inputs.queries = fairkv::make_capacity_view<const float>(q, 1, nkv * group_, L, cap, hd);
+    float* colsum = online_h2o_ ? cl.run_colsum.data() + size_t(g0) * size_t(group_) * size_t(cap) : nullptr;
+    if (colsum != nullptr) {  // [1, nkv * group q-heads, L], rows `cap` apart
+      inputs.attention_column_sums = colsum;
+      inputs.attention_ld = cap;
+      inputs.attention_q_heads = nkv * group_;
+    }
     fairkv::policy_spec spec = policy_spec_of(req_.compress, window_used_of(req_.compress, L));
     std::vector<fairkv::segment_priority> priorities;
     if (req_.prioritized()) {
@@ -377,6 +389,8 @@ class chat_session {
     if (const fairkv::result c = fairkv::cpu::compact(plan.view(), keys, values); !c.ok())
       throw std::runtime_error("turn " + std::to_string(turn) + ", layer " + std::to_string(l) +
                                ": fairkv compact: " + c.message());
+    if (colsum != nullptr)  // H2O online: the sums restart with the queries fed after this compaction
+      std::fill_n(colsum, size_t(nkv) * size_t(group_) * size_t(cap), 0.0f);
     for (int j = 0; j < nkv; ++j) {
       const int g = g0 + j;
       const std::vector<int32_t> kept = plan.kept(0, j);
@@ -432,6 +446,7 @@ class chat_session {
   chat::stop_tokens stops_;
   int group_ = 1;
   bool needs_queries_ = false;
+  bool online_h2o_ = false;  // plain H2O: kv_layer::run_colsum accumulated by every feed
   std::vector<int32_t> close_;  // "<|im_end|>\n"
   chat::encoded_turn sys_;
   std::vector<segment_info> system_segments_;

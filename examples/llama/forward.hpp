@@ -53,6 +53,10 @@ struct capture_options {
   bool column_sums = false;  // sys_colsum: H2O's sum over every query of its attention row
   int last_rows = 0;         // sys_rows: the attention rows of the last min(last_rows, n) queries (SnapKV, TOVA)
   bool any() const noexcept { return queries || column_sums || last_rows > 0; }
+  // run_colsum: every fed query's attention row added to its cache rows' running sums, prefill chunks and
+  // single-token feeds alike, on a sequence in any state (H2O online; the caller clears the sums). Not part of
+  // any(): it keeps nothing per fed token.
+  bool running_column_sums = false;
 };
 
 // One sequence's state: its KV cache and the absolute position of its next token (the number of tokens ever fed,
@@ -119,6 +123,14 @@ class engine {
     if ((capture.column_sums || capture.last_rows > 0) && seq.cache.max_len(0) != 0)
       throw std::logic_error("engine::feed: attention statistics are captured from an empty sequence only");
     const int rows = std::min(std::max(capture.last_rows, 0), n);
+    if (capture.running_column_sums && (capture.column_sums || capture.last_rows > 0))
+      throw std::logic_error("engine::feed: running column sums and a prefill's statistics are exclusive");
+    if (capture.running_column_sums)
+      for (int l = 0; l < hp_.n_layers; ++l) {
+        std::vector<float>& rc = seq.cache.layer(l).run_colsum;
+        const size_t need = size_t(hp_.n_heads) * size_t(seq.cache.capacity());
+        if (rc.size() != need) rc.assign(need, 0.0f);
+      }
     for (int l = 0; capture.any() && l < hp_.n_layers; ++l) {
       kv_layer& cl = seq.cache.layer(l);
       if (capture.queries) cl.sys_q.assign(size_t(hp_.n_heads) * size_t(n) * size_t(hp_.head_dim), 0.0f);
@@ -204,7 +216,9 @@ class engine {
                [&](int l) {
                  kv_layer& cl = seq.cache.layer(l);
                  stats_sink sink;
-                 if (q_capture_at >= 0 && (capture.column_sums || cl.sys_rows_n > 0))
+                 if (capture.running_column_sums)  // cache row j is column j, rows `capacity` apart
+                   sink = {cl.run_colsum.data(), nullptr, 0, seq.cache.capacity()};
+                 else if (q_capture_at >= 0 && (capture.column_sums || cl.sys_rows_n > 0))
                    sink = {capture.column_sums ? cl.sys_colsum.data() : nullptr,
                            cl.sys_rows_n > 0 ? cl.sys_rows.data() : nullptr, cl.sys_rows_n, n_capture};
                  attention(seq.cache, l, T, sink.n > 0 ? &sink : nullptr);
@@ -307,7 +321,8 @@ class engine {
   }
 
   // Where a prefill of n captured tokens (the sequence started empty, so cache row k is token k) accumulates its
-  // attention statistics; each query head writes only its own rows, so the heads' threads never share a float.
+  // attention statistics, or, for running column sums, n = the cache's capacity and column j is cache row j;
+  // each query head writes only its own rows, so the heads' threads never share a float.
   struct stats_sink {
     float* colsum = nullptr;  // [n_heads, n]
     float* rows = nullptr;    // [n_heads, n_rows, n]: rows of queries [n - n_rows, n)

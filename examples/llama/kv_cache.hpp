@@ -24,6 +24,10 @@ struct kv_layer {
   std::vector<float> sys_rows;    // [n_heads, sys_rows_n, n_sys] softmaxed rows of the last sys_rows_n queries
                                   // (SnapKV's window, TOVA's last row), zero beyond each row's causal end
   int sys_rows_n = 0;
+  // H2O online (capture_options::running_column_sums): [n_heads, capacity] sum, over every query fed since the
+  // owner last cleared it, of that query's attention to cache row j. Rows move with compaction only if the owner
+  // moves them; the chat session clears them at every compaction instead ("since the last compaction").
+  std::vector<float> run_colsum;
 };
 
 class kv_cache {

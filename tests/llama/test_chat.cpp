@@ -145,7 +145,8 @@ TEST_CASE("chat: budget never exceeded; remapped segments hold their original to
   };
   // Key, window and accumulated-attention scorers, plain and fair, per-head and union selection.
   for (const config& cfg : {config{"knorm", true, "per_head"}, config{"snapkv", false, "per_head"},
-                            config{"snapkv", true, "union_heads"}, config{"h2o", true, "per_head"}}) {
+                            config{"snapkv", true, "union_heads"}, config{"h2o", true, "per_head"},
+                            config{"h2o", false, "per_head"}}) {
         const char* pol = cfg.policy;
         const bool fair = cfg.fair;
         const char* sel = cfg.selector;
@@ -174,6 +175,70 @@ TEST_CASE("chat: budget never exceeded; remapped segments hold their original to
         CHECK(compressions >= 2);
         CHECK(s.seq().n_past > r.budget);  // positions continue past the budget
   }
+}
+
+TEST_CASE("chat: running column sums (H2O online) equal one prefill's and restart at every compaction") {
+  const std::string path = llama::test::default_model_path();
+  if (llama::test::skip_without_model(path, "running column sums test")) return;
+  const loaded L(path);
+  const std::vector<int32_t> ids = L.tok.encode(llama::chat::prompt(llama::parse_system_segments(chat_system).text,
+                                                                    chat_turns.back()));
+  const int n = int(ids.size());
+  REQUIRE(n > 40);
+  // Fed in pieces: a prefill, a second chunk on a non-empty sequence, then single tokens (decode steps).
+  llama::engine eng(L.m, 1, llama::forward_options{2, 16});
+  llama::sequence online = eng.make_sequence(n + 8);
+  llama::capture_options run;
+  run.running_column_sums = true;
+  const std::span<const int32_t> all(ids);
+  eng.feed(online, all.first(20), false, run);
+  eng.feed(online, all.subspan(20, size_t(n - 20 - 5)), false, run);
+  for (int t = n - 5; t < n; ++t) eng.feed(online, all.subspan(size_t(t), 1), false, run);
+  // The reference: one prefill of the same tokens capturing its column sums (H2O's statistic, tested elsewhere
+  // against fairkv's recompute).
+  llama::sequence whole = eng.make_sequence(n);
+  llama::capture_options ref;
+  ref.column_sums = true;
+  eng.feed(whole, all, false, ref);
+  const int H = eng.hp().n_heads, cap = online.cache.capacity();
+  for (int l = 0; l < eng.hp().n_layers; ++l) {
+    const std::vector<float>& got = online.cache.layer(l).run_colsum;
+    const std::vector<float>& want = whole.cache.layer(l).sys_colsum;
+    REQUIRE(got.size() == size_t(H) * size_t(cap));
+    for (int h = 0; h < H; ++h)
+      for (int j = 0; j < cap; ++j) {
+        const float w = j < n ? want[size_t(h) * size_t(n) + size_t(j)] : 0.0f;
+        REQUIRE(std::abs(got[size_t(h) * size_t(cap) + size_t(j)] - w) <= 1e-5f * std::max(1.0f, std::abs(w)));
+      }
+  }
+  CHECK_THROWS_AS(eng.feed(online, all.first(1), false, [] {
+    llama::capture_options both;
+    both.running_column_sums = both.column_sums = true;
+    return both;
+  }()), std::logic_error);
+
+  // In a chat with plain H2O, every query's softmax row sums to 1 over cached rows, so after each turn every
+  // q-head's sums total the tokens fed since the last compaction: the sums restart at each compaction.
+  llama::engine e2(L.m, 1, llama::forward_options{2});
+  llama::chat_request r = request(96, "h2o", false);
+  r.max_new_tokens = 6;
+  llama::chat_session s(e2, L.tok, r, chat_system);
+  int since = s.seq().n_past, compressions = 0;
+  for (const std::string& u : chat_turns) {
+    const int before = s.seq().n_past;
+    const llama::chat_turn_report t = s.turn(u);
+    compressions += t.compressed;
+    since = t.compressed ? s.seq().n_past - before : since + (s.seq().n_past - before);
+    const llama::kv_cache& c = s.seq().cache;
+    for (int l = 0; l < c.n_layers(); ++l)
+      for (int h = 0; h < c.n_heads(); ++h) {
+        const int len = c.layer(l).len[size_t(h / (c.n_heads() / c.n_kv_heads()))];
+        double total = 0;
+        for (int j = 0; j < len; ++j) total += c.layer(l).run_colsum[size_t(h) * size_t(c.capacity()) + size_t(j)];
+        REQUIRE(std::abs(total - since) <= 1e-3 * since);
+      }
+  }
+  CHECK(compressions >= 2);
 }
 
 TEST_CASE("chat: --system-floor holds every system segment's floor; --turn-decay evicts older turns first") {
