@@ -195,7 +195,10 @@ TEST_CASE("chat: running column sums (H2O online) equal one prefill's and restar
   eng.feed(online, all.subspan(20, size_t(n - 20 - 5)), false, run);
   for (int t = n - 5; t < n; ++t) eng.feed(online, all.subspan(size_t(t), 1), false, run);
   // The reference: one prefill of the same tokens capturing its column sums (H2O's statistic, tested elsewhere
-  // against fairkv's recompute).
+  // against fairkv's recompute). Chunked and single-token feeds compute K, V and the attention rows through other
+  // kernels than one batched prefill (logits agree to ~1.5e-4, test_forward.cpp), so each probability agrees to a
+  // relative ~1e-4 and a sum of them to that fraction of itself; a missing or doubled query moves some column by
+  // a whole probability, and the totals below count them exactly.
   llama::sequence whole = eng.make_sequence(n);
   llama::capture_options ref;
   ref.column_sums = true;
@@ -208,7 +211,7 @@ TEST_CASE("chat: running column sums (H2O online) equal one prefill's and restar
     for (int h = 0; h < H; ++h)
       for (int j = 0; j < cap; ++j) {
         const float w = j < n ? want[size_t(h) * size_t(n) + size_t(j)] : 0.0f;
-        REQUIRE(std::abs(got[size_t(h) * size_t(cap) + size_t(j)] - w) <= 1e-5f * std::max(1.0f, std::abs(w)));
+        REQUIRE(std::abs(got[size_t(h) * size_t(cap) + size_t(j)] - w) <= 2e-4f * std::max(1.0f, std::abs(w)));
       }
   }
   CHECK_THROWS_AS(eng.feed(online, all.first(1), false, [] {
