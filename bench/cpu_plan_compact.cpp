@@ -4,6 +4,9 @@
 // Each iteration restores the cache from a pristine copy outside the timed region, so every run does the same work.
 // Variants `@1t` / `@2t` pass a 1- / 2-thread executor (a persistent pool, cpu/executor.hpp) to plan and compact;
 // the ratio of each to the serial run of the same policy, measured in the same process, is printed at the end.
+// The attention scorers (SnapKV's window of 16, TOVA's last row) are also compared with a plain Eigen GEMM of the
+// shape of their logits (per KV head: its query heads' rows x head_dim times the keys), measured in the same run:
+// their "GFLOP/s" counts only those logits' multiply-adds, so the two rates compare like with like.
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Core>
@@ -100,6 +103,36 @@ void baseline_nth_element(benchmark::State& state) {
   set_bytes(state, L);
 }
 
+// Multiply-adds x 2 of the logits an attention scorer computes: `rows` query rows per KV head over L keys.
+double logit_flops(std::int64_t rows, std::int64_t L) {
+  return 2.0 * static_cast<double>(kHeads * rows * L * kDim);
+}
+template <class S>
+constexpr std::int64_t logit_rows() {
+  if constexpr (S::source == fairkv::score_source::window_attention) return kGroup * 16;
+  else if constexpr (S::source == fairkv::score_source::last_attention) return kGroup;
+  else return 0;
+}
+
+// The reference: per KV head, the logits of `rows` query rows over all L keys as one Eigen GEMM into a
+// [rows, L] buffer (what an attention scorer cannot beat without skipping work).
+void gemm_reference(benchmark::State& state, std::int64_t rows) {
+  const std::int64_t L = state.range(0);
+  layer& l = get_layer(L);
+  using rm = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  rm logits(rows, L);
+  for (auto _ : state) {
+    for (std::int64_t h = 0; h < kHeads; ++h) {
+      const Eigen::Map<const rm> q(l.q.data() + h * kGroup * 64 * kDim, rows, kDim);
+      const Eigen::Map<const rm> keys(l.k.data() + h * L * kDim, L, kDim);
+      logits.noalias() = q * keys.transpose();
+      benchmark::DoNotOptimize(logits.data());
+    }
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(logit_flops(rows, L) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 using fairkv_testing::thread_executor;
 
 const thread_executor& pool_of(int threads) {
@@ -158,6 +191,9 @@ void fairkv_policy(benchmark::State& state, S scorer, int threads) {
     benchmark::ClobberMemory();
   }
   set_bytes(state, L);
+  if constexpr (logit_rows<S>() > 0)
+    state.counters["GFLOP/s"] =
+        benchmark::Counter(logit_flops(logit_rows<S>(), L) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 template <class S, class Sel, class A>
@@ -201,6 +237,20 @@ class ratio_reporter : public benchmark::ConsoleReporter {
       header = true;
       std::printf("  %-40s %7.3f ms  x%.2f of serial (%.3f ms)\n", name.c_str(), t, t / it->second, it->second);
     }
+    // Attention scorers: time over the baseline's, and the logits' rate over the same-shape GEMM's.
+    header = false;
+    for (const auto& [name, t] : times_) {
+      const bool snap = name.rfind("snapkv16/", 0) == 0, tova = name.rfind("tova/", 0) == 0;
+      if ((!snap && !tova) || name.find('@') != std::string::npos) continue;
+      const std::string arg = name.substr(name.rfind('/'));
+      const auto base = times_.find("baseline_nth_element" + arg);
+      const auto gemm = times_.find(std::string(snap ? "gemm_reference/snapkv16" : "gemm_reference/tova") + arg);
+      if (base == times_.end() || gemm == times_.end()) continue;
+      if (!header) std::printf("\nattention scorers, same run: x baseline; logits rate / same-shape GEMM's rate:\n");
+      header = true;
+      std::printf("  %-40s %8.3f ms  x%.2f of baseline  %5.1f%% of GEMM (GEMM %.3f ms)\n", name.c_str(), t,
+                  t / base->second, 100.0 * gemm->second / t, gemm->second);
+    }
   }
 
  private:
@@ -220,6 +270,10 @@ void register_all() {
   add<scorers::knorm, selectors::head_adaptive, allocators::uniform>("knorm/head_adaptive/uniform");
   add<scorers::streaming_llm<>, ph, allocators::uniform>("streaming_llm/uniform");
   add<scorers::streaming_llm<>, ph, allocators::fair_with_whitelist>("streaming_llm/fair_with_whitelist");
+  benchmark::RegisterBenchmark("gemm_reference/snapkv16", [](benchmark::State& st) { gemm_reference(st, kGroup * 16); })
+      ->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("gemm_reference/tova", [](benchmark::State& st) { gemm_reference(st, kGroup); })
+      ->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond);
   add<scorers::snapkv<16>, ph, allocators::uniform>("snapkv16/uniform", {}, true);
   add<scorers::snapkv<16>, ph, allocators::whitelist>("snapkv16/whitelist");
   add<scorers::tova, ph, allocators::uniform>("tova/uniform", {}, true);

@@ -1,6 +1,7 @@
-// CPU scoring: every Scorer source (external scores are copied as they are), for one sequence and one scoring region [rb, re) at a time. Attention is
-// computed one query row at a time (O(region) memory, never L x L). Float rows with unit stride go through Eigen
-// maps of the engine's memory; other element types convert element by element.
+// CPU scoring: every Scorer source (external scores are copied as they are), for one sequence and one scoring
+// region [rb, re) at a time. Attention from float queries over float keys with unit-stride rows is computed
+// gemm_rows query rows at a time as GEMMs (detail/attention_gemm.hpp); other element types and strides, and the
+// engine's own attention rows, one query row at a time. Either way O(gemm_rows x region) memory, never L x L.
 #pragma once
 
 #include <Eigen/Core>
@@ -11,6 +12,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "fairkv/cpu/detail/attention_gemm.hpp"
 #include "fairkv/detail/order.hpp"
 #include "fairkv/detail/plan_front/attention_geometry.hpp"
 #include "fairkv/layer_inputs.hpp"
@@ -57,6 +59,18 @@ inline void softmax(float* x, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
+// Index among the given queries of the query at absolute position p, or the error the row path gives.
+template <class KeySource, class Q>
+result query_index(const layer_inputs<KeySource, Q>& in, std::int64_t L, std::int64_t p, std::int64_t& qi) {
+  qi = p - (L - in.queries.tokens);
+  if (qi < 0)
+    return result::error(status::missing_input,
+                         "scoring needs the query at position %lld but queries cover only the last %lld of %lld tokens",
+                         static_cast<long long>(p), static_cast<long long>(in.queries.tokens),
+                         static_cast<long long>(L));
+  return {};
+}
+
 // The attention row of the query at absolute position p (query head qh) over keys [rb, p], written to
 // probs[0, p - rb]. From queries when given, else from the engine's rows renormalised to the region (a softmax
 // restricted to a subset of keys and renormalised is the softmax over that subset).
@@ -65,12 +79,8 @@ result attention_row(const layer_inputs<KeySource, Q>& in, std::int64_t b, std::
                      std::int64_t group_size, std::int64_t p, std::int64_t rb, float scale, float* probs) {
   const std::int64_t n = p - rb + 1;
   if (in.queries.data != nullptr) {
-    const std::int64_t qi = p - (L - in.queries.tokens);
-    if (qi < 0)
-      return result::error(status::missing_input,
-                           "scoring needs the query at position %lld but queries cover only the last %lld of %lld tokens",
-                           static_cast<long long>(p), static_cast<long long>(in.queries.tokens),
-                           static_cast<long long>(L));
+    std::int64_t qi = 0;
+    FAIRKV_TRY(query_index(in, L, p, qi));
     dot_keys(in.keys, b, qh / group_size, rb, p + 1, in.queries.row(b, qh, qi), in.queries.stride_dim, scale, probs);
     softmax(probs, n);
     return {};
@@ -128,8 +138,8 @@ template <class S>
 inline constexpr bool scores_per_head = S::source != score_source::last_attention;
 
 // Scores of region [rb, re) of sequence b (length L) for KV head h: scores[h * ld + t], before the padding of the
-// window / anchor tokens (finish_region), which needs every head. Writes only row h; tmp must hold 3 * (re - rb)
-// floats of this call's own.
+// window / anchor tokens (finish_region), which needs every head. Writes only row h; tmp must hold
+// scratch_per_token<S> * (re - rb) floats of this call's own.
 template <class S, class KeySource, class Q>
 result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L,
                          std::int64_t rb, std::int64_t re, std::int64_t h, float* scores, std::int64_t ld,
@@ -162,6 +172,8 @@ result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, 
     float* probs = tmp;         // [n]
     float* acc = tmp + n;       // [n]
     float* pooled = tmp + 2 * n;  // [n]
+    float* logits = tmp + 3 * n;  // [gemm_rows, n]
+    const bool gemm = gemm_attention(in);
     if constexpr (S::source == score_source::window_attention) {
       // Scored keys [rb, rb + m), the window's rows [re - w, re) (detail/plan_front/attention_geometry.hpp).
       const std::int64_t w = fairkv::detail::region_window(scorer, n);
@@ -174,9 +186,17 @@ result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, 
       for (std::int64_t g = 0; g < group; ++g) {
         const std::int64_t qh = h * group + g;
         std::fill(acc, acc + m, 0.f);
-        for (std::int64_t p = re - w; p < re; ++p) {
-          FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, probs));
-          for (std::int64_t t = 0; t < m; ++t) acc[t] += probs[t];
+        if (gemm) {
+          std::int64_t qi = 0;
+          FAIRKV_TRY(query_index(in, L, re - w, qi));
+          for (std::int64_t r0 = 0; r0 < w; r0 += gemm_rows)
+            add_attention_rows(in.keys, b, h, in.queries.row(b, qh, qi + r0), in.queries.stride_token,
+                               std::min(gemm_rows, w - r0), rb, re - w + r0, 1, scale, acc, m, logits);
+        } else {
+          for (std::int64_t p = re - w; p < re; ++p) {
+            FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, probs));
+            for (std::int64_t t = 0; t < m; ++t) acc[t] += probs[t];
+          }
         }
         add_pooled_window_mean(acc, m, w, scorer.kernel, pooled, scores + h * ld + rb);
       }
@@ -187,7 +207,14 @@ result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, 
       for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] = 0.f;
       for (std::int64_t g = 0; g < group; ++g) {
         const std::int64_t qh = h * group + g;
-        if (from_queries) {
+        if (gemm) {
+          std::fill(acc, acc + n, 0.f);
+          std::int64_t qi = 0;
+          FAIRKV_TRY(query_index(in, L, rb, qi));
+          for (std::int64_t r0 = 0; r0 < n; r0 += gemm_rows)
+            add_attention_rows(in.keys, b, h, in.queries.row(b, qh, qi + r0), in.queries.stride_token,
+                               std::min(gemm_rows, n - r0), rb, rb + r0, 1, scale, acc, n, logits);
+        } else if (from_queries) {
           std::fill(acc, acc + n, 0.f);
           for (std::int64_t p = rb; p < re; ++p) {
             FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, probs));
@@ -209,7 +236,7 @@ result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, 
 }
 
 // What follows the per-head scores of region [rb, re): the padding of SnapKV's window with the maximum over every
-// head, and TOVA's whole statistic. tmp must hold 3 * (re - rb) floats.
+// head, and TOVA's whole statistic. tmp must hold scratch_per_token<S> * (re - rb) floats.
 template <class S, class KeySource, class Q>
 result finish_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L,
                      std::int64_t rb, std::int64_t re, float* scores, std::int64_t ld, float* tmp) {
@@ -229,9 +256,18 @@ result finish_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std:
     // Keys [rb, re - 1) are scored, the anchor re - 1 is padded.
     const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, 0, false, false).scored;
     std::fill(acc, acc + m, 0.f);
-    for (std::int64_t qh = 0; qh < qheads; ++qh) {
-      FAIRKV_TRY(attention_row(in, b, L, qh, group, re - 1, rb, scale, probs));
-      for (std::int64_t t = 0; t < m; ++t) acc[t] += probs[t];
+    if (gemm_attention(in)) {  // one GEMM per KV head: its group's query heads at the last position
+      std::int64_t qi = 0;
+      FAIRKV_TRY(query_index(in, L, re - 1, qi));
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t g0 = 0; g0 < group; g0 += gemm_rows)
+          add_attention_rows(in.keys, b, h, in.queries.row(b, h * group + g0, qi), in.queries.stride_head,
+                             std::min(gemm_rows, group - g0), rb, re - 1, 0, scale, acc, m, tmp + 3 * n);
+    } else {
+      for (std::int64_t qh = 0; qh < qheads; ++qh) {
+        FAIRKV_TRY(attention_row(in, b, L, qh, group, re - 1, rb, scale, probs));
+        for (std::int64_t t = 0; t < m; ++t) acc[t] += probs[t];
+      }
     }
     for (std::int64_t h = 0; h < heads; ++h)
       for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] = acc[t] / static_cast<float>(qheads);
@@ -241,7 +277,7 @@ result finish_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std:
 }
 
 // Scores of region [rb, re) of sequence b (length L) for every KV head: scores[h * ld + t].
-// tmp must hold 3 * (re - rb) floats.
+// tmp must hold scratch_per_token<S> * (re - rb) floats.
 template <class S, class KeySource, class Q>
 result score_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L,
                     std::int64_t rb, std::int64_t re, float* scores, std::int64_t ld, float* tmp) {

@@ -1,0 +1,127 @@
+// The GEMM attention path (cpu/detail/attention_gemm.hpp) against the row-at-a-time path on the same numbers:
+// the row path is taken for keys whose head_dim is not contiguous, so the same cache laid out [head_dim][tokens]
+// scores through it. Whole sequences and segment-local regions, windows and GQA groups on both sides of gemm_rows,
+// regions on both sides of gemm_keys, and every attention scorer that reads queries.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "fairkv/fairkv.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+using namespace fairkv;
+
+struct shape {
+  std::int64_t heads, group, head_dim, tokens;
+};
+
+// The same keys, [1, heads, tokens, head_dim] (rows contiguous: GEMM path) and [1, heads, head_dim, tokens]
+// (stride_dim = tokens: row path).
+struct two_layouts {
+  std::vector<float> rows, cols;
+  kv_view<const float> gemm_view, row_view;
+  two_layouts(const shape& s, std::uint32_t seed) {
+    rows = fairkv_test::random_floats(static_cast<std::size_t>(s.heads * s.tokens * s.head_dim), seed, -2.f, 2.f);
+    cols.resize(rows.size());
+    for (std::int64_t h = 0; h < s.heads; ++h)
+      for (std::int64_t t = 0; t < s.tokens; ++t)
+        for (std::int64_t i = 0; i < s.head_dim; ++i)
+          cols[static_cast<std::size_t>((h * s.head_dim + i) * s.tokens + t)] =
+              rows[static_cast<std::size_t>((h * s.tokens + t) * s.head_dim + i)];
+    gemm_view = make_contiguous_view(rows.data(), 1, s.heads, s.tokens, s.head_dim).as_const();
+    row_view = kv_view<const float>{cols.data(), 1, s.heads, s.tokens, s.head_dim,
+                                    s.heads * s.head_dim * s.tokens, s.head_dim * s.tokens, 1, s.tokens};
+  }
+};
+
+template <class S>
+void check_paths_agree(const S& scorer, const shape& s, std::int64_t q_tokens, std::int64_t rb, std::int64_t re,
+                       std::uint32_t seed) {
+  two_layouts k(s, seed);
+  std::vector<float> q = fairkv_test::random_floats(
+      static_cast<std::size_t>(s.heads * s.group * q_tokens * s.head_dim), seed + 1, -2.f, 2.f);
+  const auto queries = make_contiguous_view(q.data(), 1, s.heads * s.group, q_tokens, s.head_dim).as_const();
+  layer_inputs<kv_view<const float>> gemm_in{k.gemm_view}, row_in{k.row_view};
+  gemm_in.queries = row_in.queries = queries;
+  REQUIRE(cpu::detail::gemm_attention(gemm_in));
+  REQUIRE_FALSE(cpu::detail::gemm_attention(row_in));
+
+  const std::int64_t L = s.tokens, ld = L;
+  const auto scratch = static_cast<std::size_t>(cpu::detail::scratch_per_token<S> * (re - rb));
+  std::vector<float> a(static_cast<std::size_t>(s.heads * ld), -7.f), b = a, tmp_a(scratch), tmp_b(scratch);
+  REQUIRE(cpu::detail::score_region(scorer, gemm_in, 0, L, rb, re, a.data(), ld, tmp_a.data()).ok());
+  REQUIRE(cpu::detail::score_region(scorer, row_in, 0, L, rb, re, b.data(), ld, tmp_b.data()).ok());
+  for (std::int64_t h = 0; h < s.heads; ++h)
+    for (std::int64_t t = 0; t < L; ++t) {
+      const float x = a[static_cast<std::size_t>(h * ld + t)], y = b[static_cast<std::size_t>(h * ld + t)];
+      INFO(S::name << " heads " << s.heads << " group " << s.group << " d " << s.head_dim << " L " << L << " region ["
+                   << rb << ", " << re << ") head " << h << " token " << t << ": gemm " << x << " row " << y);
+      if (t < rb || t >= re) {
+        REQUIRE(x == -7.f);  // outside the region nothing is written
+        REQUIRE(y == -7.f);
+      } else {
+        REQUIRE(std::abs(x - y) <= 1e-5f * std::max(1.f, std::abs(y)));
+      }
+    }
+}
+
+const shape shapes[] = {{1, 1, 1, 3}, {2, 4, 64, 200}, {1, 20, 32, 150}, {3, 2, 256, 300}, {2, 17, 8, 129}};
+
+}  // namespace
+
+TEST_CASE("attention GEMM path: SnapKV equals the row path (windows below, at and above gemm_rows)") {
+  std::uint32_t seed = 100;
+  for (const shape& s : shapes)
+    for (const std::int32_t w : {1, 5, 16, 40}) {
+      scorers::snapkv<64, 5> sc{};
+      sc.window = w;
+      const std::int64_t L = s.tokens;
+      check_paths_agree(sc, s, std::min<std::int64_t>(L, w), 0, L, ++seed);
+      // A segment-local region: its window is its own last queries, which needs every query given.
+      if (L > 20) check_paths_agree(sc, s, L, L / 5, L - L / 4, ++seed);
+    }
+}
+
+TEST_CASE("attention GEMM path: TOVA equals the row path (groups below and above gemm_rows)") {
+  std::uint32_t seed = 200;
+  for (const shape& s : shapes) {
+    const std::int64_t L = s.tokens;
+    check_paths_agree(scorers::tova{}, s, 1, 0, L, ++seed);
+    if (L > 20) check_paths_agree(scorers::tova{}, s, L, L / 3, L - 7, ++seed);
+  }
+}
+
+TEST_CASE("attention GEMM path: H2O from queries equals the row path") {
+  std::uint32_t seed = 300;
+  for (const shape& s : shapes) {
+    const std::int64_t L = s.tokens;
+    check_paths_agree(scorers::h2o{}, s, L, 0, L, ++seed);
+    if (L > 20) check_paths_agree(scorers::h2o{}, s, L, L / 2, L, ++seed);
+  }
+}
+
+TEST_CASE("attention GEMM path: plans through cpu::plan use the larger scratch, serial and parallel alike") {
+  // The workspace query sizes the GEMM scratch; a plan over a region longer than gemm_keys with a window longer
+  // than gemm_rows completes and keeps the window.
+  const shape s{2, 4, 64, 400};
+  two_layouts k(s, 7);
+  std::vector<float> q = fairkv_test::random_floats(static_cast<std::size_t>(s.heads * s.group * 400 * 64), 8);
+  layer_inputs<kv_view<const float>> in{k.gemm_view};
+  in.queries = make_contiguous_view(q.data(), 1, s.heads * s.group, 400, 64).as_const();
+  scorers::snapkv<64, 5> sc{};
+  sc.window = 33;
+  policy<scorers::snapkv<64, 5>, selectors::per_head, allocators::fair> pol{sc, {}, {}};
+  const std::vector<segment> segs = {{0, 100}, {100, 250}};
+  keep_plan plan;
+  REQUIRE(cpu::plan(pol, in, segs, {}, 0.5, plan).ok());
+  for (std::int64_t h = 0; h < s.heads; ++h) {
+    const std::vector<int> kept = plan.kept(0, h);
+    CHECK(static_cast<std::int64_t>(kept.size()) == 200);
+    for (int t = 400 - 33; t < 400; ++t) CHECK(std::find(kept.begin(), kept.end(), t) != kept.end());
+  }
+}
