@@ -125,3 +125,47 @@ TEST_CASE("attention GEMM path: plans through cpu::plan use the larger scratch, 
     for (int t = 400 - 33; t < 400; ++t) CHECK(std::find(kept.begin(), kept.end(), t) != kept.end());
   }
 }
+
+TEST_CASE("attention GEMM path: half and bfloat16 keys keep the row path and score like their float values") {
+  // Float keys of the same (exactly representable) values take the GEMM path; half / bfloat16 keys and queries
+  // cannot, and must still compile and agree.
+  const shape s{2, 3, 16, 150};
+  std::vector<float> kf = fairkv_test::random_floats(static_cast<std::size_t>(s.heads * s.tokens * s.head_dim), 9);
+  for (float& x : kf) x = to_float(from_float<bfloat16_t>(x));  // exact in half and bfloat16 alike
+  std::vector<half_t> kh;
+  std::vector<bfloat16_t> kb;
+  for (const float x : kf) {
+    kh.push_back(from_float<half_t>(x));
+    kb.push_back(from_float<bfloat16_t>(x));
+  }
+  std::vector<float> q = fairkv_test::random_floats(static_cast<std::size_t>(s.heads * s.group * s.tokens * 16), 10);
+  for (float& x : q) x = to_float(from_float<bfloat16_t>(x));
+  std::vector<half_t> qh;
+  for (const float x : q) qh.push_back(from_float<half_t>(x));
+  const auto qv = make_contiguous_view(q.data(), 1, s.heads * s.group, s.tokens, s.head_dim);
+  const auto score_all = [&](const auto& in) {
+    std::vector<float> out;
+    for (int which = 0; which < 3; ++which) {
+      std::vector<float> sc(static_cast<std::size_t>(s.heads * s.tokens));
+      const fairkv::result r = which == 0   ? cpu::score(scorers::snapkv<20, 5>{}, in, sc.data(), s.tokens)
+                               : which == 1 ? cpu::score(scorers::tova{}, in, sc.data(), s.tokens)
+                                            : cpu::score(scorers::h2o{}, in, sc.data(), s.tokens);
+      REQUIRE(r.ok());
+      out.insert(out.end(), sc.begin(), sc.end());
+    }
+    return out;
+  };
+  const auto want = score_all(with_queries(make_contiguous_view(kf.data(), 1, s.heads, s.tokens, s.head_dim), qv));
+  const auto half_keys = score_all(with_queries(make_contiguous_view(kh.data(), 1, s.heads, s.tokens, s.head_dim), qv));
+  const auto bf_keys = score_all(with_queries(make_contiguous_view(kb.data(), 1, s.heads, s.tokens, s.head_dim), qv));
+  const auto half_both = score_all(with_queries(make_contiguous_view(kh.data(), 1, s.heads, s.tokens, s.head_dim),
+                                                make_contiguous_view(qh.data(), 1, s.heads * s.group, s.tokens,
+                                                                     s.head_dim)));
+  REQUIRE(want.size() == half_keys.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    INFO("score " << i);
+    CHECK(std::abs(half_keys[i] - want[i]) <= 1e-5f * std::max(1.f, std::abs(want[i])));
+    CHECK(std::abs(bf_keys[i] - want[i]) <= 1e-5f * std::max(1.f, std::abs(want[i])));
+    CHECK(std::abs(half_both[i] - want[i]) <= 1e-5f * std::max(1.f, std::abs(want[i])));
+  }
+}

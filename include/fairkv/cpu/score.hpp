@@ -187,11 +187,13 @@ result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, 
         const std::int64_t qh = h * group + g;
         std::fill(acc, acc + m, 0.f);
         if (gemm) {
-          std::int64_t qi = 0;
-          FAIRKV_TRY(query_index(in, L, re - w, qi));
-          for (std::int64_t r0 = 0; r0 < w; r0 += gemm_rows)
-            add_attention_rows(in.keys, b, h, in.queries.row(b, qh, qi + r0), in.queries.stride_token,
-                               std::min(gemm_rows, w - r0), rb, re - w + r0, 1, scale, acc, m, logits);
+          if constexpr (gemm_types<KeySource, Q>) {
+            std::int64_t qi = 0;
+            FAIRKV_TRY(query_index(in, L, re - w, qi));
+            for (std::int64_t r0 = 0; r0 < w; r0 += gemm_rows)
+              add_attention_rows(in.keys, b, h, in.queries.row(b, qh, qi + r0), in.queries.stride_token,
+                                 std::min(gemm_rows, w - r0), rb, re - w + r0, 1, scale, acc, m, logits);
+          }
         } else {
           for (std::int64_t p = re - w; p < re; ++p) {
             FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, probs));
@@ -209,11 +211,13 @@ result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, 
         const std::int64_t qh = h * group + g;
         if (gemm) {
           std::fill(acc, acc + n, 0.f);
-          std::int64_t qi = 0;
-          FAIRKV_TRY(query_index(in, L, rb, qi));
-          for (std::int64_t r0 = 0; r0 < n; r0 += gemm_rows)
-            add_attention_rows(in.keys, b, h, in.queries.row(b, qh, qi + r0), in.queries.stride_token,
-                               std::min(gemm_rows, n - r0), rb, rb + r0, 1, scale, acc, n, logits);
+          if constexpr (gemm_types<KeySource, Q>) {
+            std::int64_t qi = 0;
+            FAIRKV_TRY(query_index(in, L, rb, qi));
+            for (std::int64_t r0 = 0; r0 < n; r0 += gemm_rows)
+              add_attention_rows(in.keys, b, h, in.queries.row(b, qh, qi + r0), in.queries.stride_token,
+                                 std::min(gemm_rows, n - r0), rb, rb + r0, 1, scale, acc, n, logits);
+          }
         } else if (from_queries) {
           std::fill(acc, acc + n, 0.f);
           for (std::int64_t p = rb; p < re; ++p) {
@@ -257,12 +261,14 @@ result finish_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std:
     const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, 0, false, false).scored;
     std::fill(acc, acc + m, 0.f);
     if (gemm_attention(in)) {  // one GEMM per KV head: its group's query heads at the last position
-      std::int64_t qi = 0;
-      FAIRKV_TRY(query_index(in, L, re - 1, qi));
-      for (std::int64_t h = 0; h < heads; ++h)
-        for (std::int64_t g0 = 0; g0 < group; g0 += gemm_rows)
-          add_attention_rows(in.keys, b, h, in.queries.row(b, h * group + g0, qi), in.queries.stride_head,
-                             std::min(gemm_rows, group - g0), rb, re - 1, 0, scale, acc, m, tmp + 3 * n);
+      if constexpr (gemm_types<KeySource, Q>) {
+        std::int64_t qi = 0;
+        FAIRKV_TRY(query_index(in, L, re - 1, qi));
+        for (std::int64_t h = 0; h < heads; ++h)
+          for (std::int64_t g0 = 0; g0 < group; g0 += gemm_rows)
+            add_attention_rows(in.keys, b, h, in.queries.row(b, h * group + g0, qi), in.queries.stride_head,
+                               std::min(gemm_rows, group - g0), rb, re - 1, 0, scale, acc, m, tmp + 3 * n);
+      }
     } else {
       for (std::int64_t qh = 0; qh < qheads; ++qh) {
         FAIRKV_TRY(attention_row(in, b, L, qh, group, re - 1, rb, scale, probs));

@@ -35,9 +35,15 @@ inline constexpr std::int64_t gemm_keys = 128;
 template <class S>
 inline constexpr std::int64_t scratch_per_token = 3 + (is_attention_source(S::source) ? gemm_rows : 0);
 
+// Whether the element types allow the GEMM path (a compile-time guard around its calls), and whether these
+// inputs take it.
+template <class KeySource, class Q>
+inline constexpr bool gemm_types =
+    std::is_same_v<KeySource, kv_view<const float>> && std::is_same_v<std::remove_const_t<Q>, float>;
+
 template <class KeySource, class Q>
 [[nodiscard]] bool gemm_attention(const layer_inputs<KeySource, Q>& in) noexcept {
-  if constexpr (std::is_same_v<KeySource, kv_view<const float>> && std::is_same_v<std::remove_const_t<Q>, float>)
+  if constexpr (gemm_types<KeySource, Q>)
     return in.queries.data != nullptr && in.keys.stride_dim == 1 && in.queries.stride_dim == 1 &&
            in.keys.head_dim <= 256;
   else
