@@ -1,5 +1,5 @@
 // What a backend may read to score one layer: the cached keys, and for attention scorers either the window's
-// queries (the backend computes attention one query row at a time, never an L x L matrix) or attention the
+// queries (the backend computes attention in blocks of query rows, never an L x L matrix) or attention the
 // engine already computed; for scorers::external, the caller's own scores.
 #pragma once
 
