@@ -71,6 +71,26 @@ result query_index(const layer_inputs<KeySource, Q>& in, std::int64_t L, std::in
   return {};
 }
 
+// The GEMM path (detail/attention_gemm.hpp) for `count` queries, taken only where gemm_attention(in): query head
+// qh at positions p0, p0 + 1, ... (along_tokens: a window, or every query of a region) or query heads qh, qh + 1,
+// ... at position p0 (TOVA's group), over KV head kv_head's keys [rb, position]; each row's softmax is added to
+// acc[0, acc_n).
+template <class KeySource, class Q>
+result add_query_rows(const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L, std::int64_t kv_head,
+                      std::int64_t qh, std::int64_t p0, std::int64_t count, bool along_tokens, std::int64_t rb,
+                      float scale, float* acc, std::int64_t acc_n, float* logits) {
+  if constexpr (gemm_types<KeySource, Q>) {
+    std::int64_t qi = 0;
+    FAIRKV_TRY(query_index(in, L, p0, qi));
+    add_attention_rows(in.keys, b, kv_head, in.queries.row(b, qh, qi),
+                       along_tokens ? in.queries.stride_token : in.queries.stride_head, count, rb, p0,
+                       along_tokens ? 1 : 0, scale, acc, acc_n, logits);
+    return {};
+  } else {
+    return result::error(status::internal_error, "the GEMM attention path was taken for non-float inputs");
+  }
+}
+
 // The attention row of the query at absolute position p (query head qh) over keys [rb, p], written to
 // probs[0, p - rb]. From queries when given, else from the engine's rows renormalised to the region (a softmax
 // restricted to a subset of keys and renormalised is the softmax over that subset).
@@ -187,13 +207,7 @@ result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, 
         const std::int64_t qh = h * group + g;
         std::fill(acc, acc + m, 0.f);
         if (gemm) {
-          if constexpr (gemm_types<KeySource, Q>) {
-            std::int64_t qi = 0;
-            FAIRKV_TRY(query_index(in, L, re - w, qi));
-            for (std::int64_t r0 = 0; r0 < w; r0 += gemm_rows)
-              add_attention_rows(in.keys, b, h, in.queries.row(b, qh, qi + r0), in.queries.stride_token,
-                                 std::min(gemm_rows, w - r0), rb, re - w + r0, 1, scale, acc, m, logits);
-          }
+          FAIRKV_TRY(add_query_rows(in, b, L, h, qh, re - w, w, true, rb, scale, acc, m, logits));
         } else {
           for (std::int64_t p = re - w; p < re; ++p) {
             FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, probs));
@@ -211,13 +225,7 @@ result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, 
         const std::int64_t qh = h * group + g;
         if (gemm) {
           std::fill(acc, acc + n, 0.f);
-          if constexpr (gemm_types<KeySource, Q>) {
-            std::int64_t qi = 0;
-            FAIRKV_TRY(query_index(in, L, rb, qi));
-            for (std::int64_t r0 = 0; r0 < n; r0 += gemm_rows)
-              add_attention_rows(in.keys, b, h, in.queries.row(b, qh, qi + r0), in.queries.stride_token,
-                                 std::min(gemm_rows, n - r0), rb, rb + r0, 1, scale, acc, n, logits);
-          }
+          FAIRKV_TRY(add_query_rows(in, b, L, h, qh, rb, n, true, rb, scale, acc, n, logits));
         } else if (from_queries) {
           std::fill(acc, acc + n, 0.f);
           for (std::int64_t p = rb; p < re; ++p) {
@@ -260,15 +268,9 @@ result finish_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std:
     // Keys [rb, re - 1) are scored, the anchor re - 1 is padded.
     const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, 0, false, false).scored;
     std::fill(acc, acc + m, 0.f);
-    if (gemm_attention(in)) {  // one GEMM per KV head: its group's query heads at the last position
-      if constexpr (gemm_types<KeySource, Q>) {
-        std::int64_t qi = 0;
-        FAIRKV_TRY(query_index(in, L, re - 1, qi));
-        for (std::int64_t h = 0; h < heads; ++h)
-          for (std::int64_t g0 = 0; g0 < group; g0 += gemm_rows)
-            add_attention_rows(in.keys, b, h, in.queries.row(b, h * group + g0, qi), in.queries.stride_head,
-                               std::min(gemm_rows, group - g0), rb, re - 1, 0, scale, acc, m, tmp + 3 * n);
-      }
+    if (gemm_attention(in)) {  // per KV head, its group's query heads at the last position
+      for (std::int64_t h = 0; h < heads; ++h)
+        FAIRKV_TRY(add_query_rows(in, b, L, h, h * group, re - 1, group, false, rb, scale, acc, m, tmp + 3 * n));
     } else {
       for (std::int64_t qh = 0; qh < qheads; ++qh) {
         FAIRKV_TRY(attention_row(in, b, L, qh, group, re - 1, rb, scale, probs));

@@ -50,13 +50,11 @@ template <class KeySource, class Q>
     return false;
 }
 
-// Query rows r = 0..rows-1 at q[r * q_stride], row r attending keys [rb, last0 + r * step] (step 1: consecutive
-// positions, a window; step 0: one position seen by several query heads, TOVA's last row). Each row's causal
-// softmax (scale folded into the logits) is added to acc[t] for t < min(acc_n, its own length).
+// One block of at most gemm_rows query rows: row r at q[r * q_stride] attends keys [rb, last0 + r * step].
 // logits: scratch of rows * (last key - rb + 1) floats.
-inline void add_attention_rows(const kv_view<const float>& keys, std::int64_t b, std::int64_t h, const float* q,
-                               std::int64_t q_stride, std::int64_t rows, std::int64_t rb, std::int64_t last0,
-                               std::int64_t step, float scale, float* acc, std::int64_t acc_n, float* logits) {
+inline void add_attention_block(const kv_view<const float>& keys, std::int64_t b, std::int64_t h, const float* q,
+                                std::int64_t q_stride, std::int64_t rows, std::int64_t rb, std::int64_t last0,
+                                std::int64_t step, float scale, float* acc, std::int64_t acc_n, float* logits) {
   using row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using strided = Eigen::OuterStride<>;
   const std::int64_t d = keys.head_dim;
@@ -74,6 +72,18 @@ inline void add_attention_rows(const kv_view<const float>& keys, std::int64_t b,
     const float inv = 1.f / x.sum();  // normalised while accumulating: one pass fewer than softmax, then add
     Eigen::Map<Eigen::ArrayXf>(acc, std::min(acc_n, len)) += x.head(std::min(acc_n, len)) * inv;
   }
+}
+
+// Query rows r = 0..rows-1 at q[r * q_stride], row r attending keys [rb, last0 + r * step] (step 1: consecutive
+// positions, a window; step 0: one position seen by several query heads, TOVA's last row), gemm_rows at a time.
+// Each row's causal softmax (scale folded into the logits) is added to acc[t] for t < min(acc_n, its own length).
+// logits: scratch of gemm_rows * (last key - rb + 1) floats.
+inline void add_attention_rows(const kv_view<const float>& keys, std::int64_t b, std::int64_t h, const float* q,
+                               std::int64_t q_stride, std::int64_t rows, std::int64_t rb, std::int64_t last0,
+                               std::int64_t step, float scale, float* acc, std::int64_t acc_n, float* logits) {
+  for (std::int64_t r0 = 0; r0 < rows; r0 += gemm_rows)
+    add_attention_block(keys, b, h, q + r0 * q_stride, q_stride, std::min(gemm_rows, rows - r0), rb,
+                        last0 + r0 * step, step, scale, acc, acc_n, logits);
 }
 
 }  // namespace fairkv::cpu::detail
