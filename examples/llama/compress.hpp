@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -93,18 +94,22 @@ inline bool policy_needs_queries(std::string_view policy) {
   return kind != fairkv::scorer_kind::knorm && kind != fairkv::scorer_kind::streaming_llm;
 }
 
-// Which attention statistic a configuration scores with. Segment-local scoring (--fair) needs attention that does
-// not cross segments: H2O's column sums cannot be split by segment at all, and the window rows' renormalisation
-// covers only runs whose window rows they contain, so fair configurations recompute from the queries. Paper mode
-// recomputes too (its spans' statistics are slices of the full softmax, computed in score_paper).
-enum class attention_input { none, queries, column_sums, last_rows };
+// Which attention statistic a configuration scores with, all accumulated by the prefill's own softmax except
+// `queries`: plain H2O reads the column sums; fair (segment-local) H2O the sums of each query's row renormalised
+// to its own scoring region (fairkv::scoring_regions); SnapKV and TOVA the last attention rows. Fair SnapKV and
+// TOVA recompute from the queries (the window rows' renormalisation covers only runs whose window rows they
+// contain), and so does paper mode (its H2O drops the later span's votes for the earlier one, which no sum
+// separates; its other statistics are slices of the full softmax, computed in score_paper).
+enum class attention_input { none, queries, column_sums, local_column_sums, last_rows };
 
 inline attention_input attention_input_of(const compress_request& r) {
   fairkv::scorer_kind kind{};
   if (r.policy == "none" || !fairkv::parse(r.policy, kind)) return attention_input::none;
   if (kind == fairkv::scorer_kind::knorm || kind == fairkv::scorer_kind::streaming_llm) return attention_input::none;
-  if (r.fair || r.recompute_attention) return attention_input::queries;
-  return kind == fairkv::scorer_kind::h2o ? attention_input::column_sums : attention_input::last_rows;
+  const bool h2o = kind == fairkv::scorer_kind::h2o;
+  if (r.recompute_attention) return attention_input::queries;
+  if (r.fair) return h2o && r.fair_mode != "paper" ? attention_input::local_column_sums : attention_input::queries;
+  return h2o ? attention_input::column_sums : attention_input::last_rows;
 }
 
 // SnapKV's window after clamping to a system turn of n_sys tokens (kvpress requires more tokens than the window).
@@ -135,6 +140,25 @@ inline fairkv::policy_spec policy_spec_of(const compress_request& r, int window)
   return spec;
 }
 
+// The regions fairkv scores the n_sys system tokens in for this configuration (fairkv::scoring_regions): what a
+// prefill accumulates local column sums over (capture_options::local_regions).
+inline std::vector<fairkv::segment> scoring_regions_of(const compress_request& r, int n_sys) {
+  std::vector<fairkv::segment> out(fairkv::max_scoring_regions(r.segments.size()));
+  std::size_t n = 0;
+  const fairkv::result e = fairkv::dispatch(policy_spec_of(r, window_used_of(r, n_sys)), [&](const auto& pol) {
+    return fairkv::scoring_regions(pol, std::span<const fairkv::segment>(r.segments), n_sys, out, n);
+  });
+  if (!e) throw std::runtime_error(e.message());
+  out.resize(n);
+  return out;
+}
+
+inline bool same_regions(std::span<const fairkv::segment> a, std::span<const fairkv::segment> b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const fairkv::segment& x, const fairkv::segment& y) {
+    return x.begin == y.begin && x.end == y.end;
+  });
+}
+
 // The runner's thread pool as fairkv's executor (fairkv/cpu/executor.hpp): compression's KV heads become tasks
 // of the same fork-join pool as the forward pass, so no second set of threads competes for the cores.
 struct pool_executor {
@@ -147,93 +171,139 @@ struct pool_executor {
   }
 };
 
-// Whether a configuration's compression is worth the pool. Each layer costs three fork-joins (scoring,
-// selection, compaction); on a shared machine a join waits ~1 ms for a descheduled worker (measured:
-// docs/benchmarks.md, TOVA at 256 tokens went from 1.5 ms serial to 65 ms on a 2-thread pool under load), so
-// only configurations that recompute attention over a long turn (tens of millions of multiply-adds per layer)
-// take the pool; the statistics path and key / position scorers are a few ms for the whole cache.
-inline bool compress_in_parallel(const compress_request& r, int n_sys, int n_heads, int head_dim) {
-  if (attention_input_of(r) != attention_input::queries) return false;
-  fairkv::scorer_kind kind{};
-  (void)fairkv::parse(r.policy, kind);
-  const double n = n_sys, rows = kind == fairkv::scorer_kind::h2o ? n / 2 : kind == fairkv::scorer_kind::snapkv
-                                                                                ? window_used_of(r, n_sys)
-                                                                                : 1.0;
-  return double(n_heads) * rows * n * double(head_dim) >= 5e7;
+namespace detail {
+
+// What every layer's compression shares: the policy and, for fair H2O, the regions its local sums cover.
+struct compress_setup {
+  fairkv::policy_spec spec;
+  std::vector<fairkv::segment> regions;
+};
+
+inline compress_setup start_compress(compress_result& out, const kv_cache& cache, int n_sys,
+                                     const compress_request& req) {
+  const int n_layers = cache.n_layers(), n_kv = cache.n_kv_heads();
+  out.kept.assign(size_t(n_layers), std::vector<std::vector<uint8_t>>(size_t(n_kv), std::vector<uint8_t>(size_t(n_sys), 1)));
+  if (req.policy == "none") return {};
+  // kvpress requires more tokens than the window; clamp so short system prompts still compress.
+  out.window_used = window_used_of(req, n_sys);
+  out.sinks = sinks_of(req);
+  return {policy_spec_of(req, out.window_used), attention_input_of(req) == attention_input::local_column_sums
+                                                    ? scoring_regions_of(req, n_sys)
+                                                    : std::vector<fairkv::segment>{}};
 }
 
+// Layer l: plan, record what each KV head keeps in kept[g], compact, shorten the heads, drop the captures.
+template <fairkv::cpu::executor E>
+void compress_layer(kv_cache& cache, int l, int n_sys, const compress_request& req, const compress_setup& setup,
+                    const E& ex, std::vector<std::vector<uint8_t>>& kept) {
+  const int n_kv = cache.n_kv_heads(), hd = cache.head_dim();
+  const fairkv::policy_spec& spec = setup.spec;
+  const std::vector<fairkv::segment>& regions = setup.regions;
+  kv_layer& cl = cache.layer(l);
+  for (int g = 0; g < n_kv; ++g)
+    if (cl.len[size_t(g)] != n_sys)
+      throw std::runtime_error("compress_system_turn: layer " + std::to_string(l) + " head " + std::to_string(g) +
+                               " holds " + std::to_string(cl.len[size_t(g)]) + " tokens, expected the " +
+                               std::to_string(n_sys) + " of the system turn");
+  const size_t nh = size_t(cache.n_heads()), n = size_t(n_sys);
+  const bool have_q = cl.sys_q.size() == nh * n * size_t(hd);
+  attention_input src = attention_input_of(req);
+  // A prefill that kept only queries (an older caller, or one that asked for them) still serves every policy.
+  if (src == attention_input::column_sums && cl.sys_colsum.size() != nh * n && have_q) src = attention_input::queries;
+  const int rows_needed = last_rows_needed(req, n_sys);
+  const bool have_rows = cl.sys_rows_n >= rows_needed && cl.sys_rows.size() == nh * size_t(cl.sys_rows_n) * n;
+  if (src == attention_input::last_rows && !have_rows && have_q) src = attention_input::queries;
+  // Local sums serve only the regions they were accumulated over (another configuration's segments may differ).
+  const bool have_local = cl.sys_local_colsum.size() == nh * n && same_regions(cl.sys_local_regions, regions);
+  if (src == attention_input::local_column_sums && !have_local && have_q) src = attention_input::queries;
+
+  fairkv::kv_view<float> keys = cache.k_view(l, n_sys), values = cache.v_view(l, n_sys);
+  auto inputs = fairkv::keys_only(keys);
+  switch (src) {
+    case attention_input::none: break;
+    case attention_input::queries:
+      if (!have_q) throw std::runtime_error("compress_system_turn: the system turn's queries were not captured");
+      // [1, n_heads, n_sys, head_dim]
+      inputs.queries = fairkv::make_contiguous_view<const float>(cl.sys_q.data(), 1, cache.n_heads(), n_sys, hd);
+      break;
+    case attention_input::column_sums:
+      if (cl.sys_colsum.size() != nh * n)
+        throw std::runtime_error("compress_system_turn: the system turn's attention column sums were not captured");
+      inputs.attention_column_sums = cl.sys_colsum.data();  // [1, n_heads, n_sys]
+      inputs.attention_q_heads = cache.n_heads();
+      break;
+    case attention_input::local_column_sums:
+      if (!have_local)
+        throw std::runtime_error("compress_system_turn: the system turn's local attention column sums over these "
+                                 "segments were not captured");
+      inputs.attention_local_column_sums = cl.sys_local_colsum.data();  // [1, n_heads, n_sys]
+      inputs.attention_q_heads = cache.n_heads();
+      break;
+    case attention_input::last_rows:
+      if (!have_rows)
+        throw std::runtime_error("compress_system_turn: the system turn's last " + std::to_string(rows_needed) +
+                                 " attention rows were not captured");
+      // [1, n_heads, sys_rows_n, n_sys]: every captured row; the scorer reads the last ones it needs.
+      inputs.attention = cl.sys_rows.data();
+      inputs.attention_rows = cl.sys_rows_n;
+      inputs.attention_ld = n_sys;
+      inputs.attention_q_heads = cache.n_heads();
+      break;
+  }
+  fairkv::keep_plan plan;
+  const fairkv::result res = fairkv::dispatch(spec, [&](const auto& pol) {
+    return fairkv::cpu::plan(ex, pol, inputs, std::span<const fairkv::segment>(req.segments),
+                             std::span<const int32_t>(req.whitelist), req.ratio, plan);
+  });
+  if (!res.ok()) throw std::runtime_error("fairkv plan (layer " + std::to_string(l) + "): " + res.message());
+  for (int g = 0; g < n_kv; ++g) {
+    std::vector<uint8_t>& k = kept[size_t(g)];
+    std::fill(k.begin(), k.end(), uint8_t{0});
+    for (int32_t i : plan.kept(0, g)) k[size_t(i)] = 1;
+  }
+  if (const fairkv::result c = fairkv::cpu::compact(ex, plan.view(), keys, values); !c.ok())
+    throw std::runtime_error("fairkv compact (layer " + std::to_string(l) + "): " + c.message());
+  for (int g = 0; g < n_kv; ++g) cl.len[size_t(g)] = plan.count(0, g);
+  kv_cache::drop_captures(cl);  // only needed for scoring
+}
+
+}  // namespace detail
+
 // Applies the requested policy to every layer of the cache, whose heads all hold the n_sys system-turn tokens
-// and, for attention scorers, whose layers carry the turn's post-RoPE queries (sys_q). Throws with fairkv's message on invalid input;
-// fairkv validates before writing, so a failure leaves the cache as it was for that layer.
+// and, for attention scorers, whose layers carry what the prefill captured (attention_input_of). Throws with
+// fairkv's message on invalid input; fairkv validates before writing, so a failure leaves that layer as it was
+// (earlier layers are compressed: the caller discards the cache).
 template <fairkv::cpu::executor E = fairkv::cpu::serial_executor>
 compress_result compress_system_turn(kv_cache& cache, int n_sys, const compress_request& req, const E& ex = {}) {
   compress_result out;
-  const int n_layers = cache.n_layers(), n_kv = cache.n_kv_heads(), hd = cache.head_dim();
-  out.kept.assign(size_t(n_layers), std::vector<std::vector<uint8_t>>(size_t(n_kv), std::vector<uint8_t>(size_t(n_sys), 1)));
+  const detail::compress_setup setup = detail::start_compress(out, cache, n_sys, req);
   if (req.policy == "none") return out;
-  // kvpress requires more tokens than the window; clamp so short system prompts still compress.
-  out.window_used = window_used_of(req, n_sys);
-  const fairkv::policy_spec spec = policy_spec_of(req, out.window_used);
-  out.sinks = sinks_of(req);
+  for (int l = 0; l < cache.n_layers(); ++l) detail::compress_layer(cache, l, n_sys, req, setup, ex, out.kept[size_t(l)]);
+  return out;
+}
 
-  for (int l = 0; l < n_layers; ++l) {
-    kv_layer& cl = cache.layer(l);
-    for (int g = 0; g < n_kv; ++g)
-      if (cl.len[size_t(g)] != n_sys)
-        throw std::runtime_error("compress_system_turn: layer " + std::to_string(l) + " head " + std::to_string(g) +
-                                 " holds " + std::to_string(cl.len[size_t(g)]) + " tokens, expected the " +
-                                 std::to_string(n_sys) + " of the system turn");
-    const size_t nh = size_t(cache.n_heads()), n = size_t(n_sys);
-    const bool have_q = cl.sys_q.size() == nh * n * size_t(hd);
-    attention_input src = attention_input_of(req);
-    // A prefill that kept only queries (an older caller, or one that asked for them) still serves every policy.
-    if (src == attention_input::column_sums && cl.sys_colsum.size() != nh * n && have_q) src = attention_input::queries;
-    const int rows_needed = last_rows_needed(req, n_sys);
-    const bool have_rows = cl.sys_rows_n >= rows_needed && cl.sys_rows.size() == nh * size_t(cl.sys_rows_n) * n;
-    if (src == attention_input::last_rows && !have_rows && have_q) src = attention_input::queries;
-
-    fairkv::kv_view<float> keys = cache.k_view(l, n_sys), values = cache.v_view(l, n_sys);
-    auto inputs = fairkv::keys_only(keys);
-    switch (src) {
-      case attention_input::none: break;
-      case attention_input::queries:
-        if (!have_q) throw std::runtime_error("compress_system_turn: the system turn's queries were not captured");
-        // [1, n_heads, n_sys, head_dim]
-        inputs.queries = fairkv::make_contiguous_view<const float>(cl.sys_q.data(), 1, cache.n_heads(), n_sys, hd);
-        break;
-      case attention_input::column_sums:
-        if (cl.sys_colsum.size() != nh * n)
-          throw std::runtime_error("compress_system_turn: the system turn's attention column sums were not captured");
-        inputs.attention_column_sums = cl.sys_colsum.data();  // [1, n_heads, n_sys]
-        inputs.attention_q_heads = cache.n_heads();
-        break;
-      case attention_input::last_rows:
-        if (!have_rows)
-          throw std::runtime_error("compress_system_turn: the system turn's last " + std::to_string(rows_needed) +
-                                   " attention rows were not captured");
-        // [1, n_heads, sys_rows_n, n_sys]: every captured row; the scorer reads the last ones it needs.
-        inputs.attention = cl.sys_rows.data();
-        inputs.attention_rows = cl.sys_rows_n;
-        inputs.attention_ld = n_sys;
-        inputs.attention_q_heads = cache.n_heads();
-        break;
+// The same on the runner's pool, whole layers per thread: one fork-join for the cache, each layer planned
+// serially, so the result is the serial one bit for bit. (Planning with the pool as fairkv's executor splits the
+// KV heads of each layer instead: three fork-joins per layer, for scoring, selection and compaction, and on a
+// shared machine a join waits ~1 ms for a descheduled worker; docs/benchmarks.md measures both.) On error the
+// lowest failing layer's exception is rethrown, as the serial loop would throw it; other layers may have been
+// compressed.
+inline compress_result compress_layers_on(thread_pool& pool, kv_cache& cache, int n_sys, const compress_request& req) {
+  compress_result out;
+  const detail::compress_setup setup = detail::start_compress(out, cache, n_sys, req);
+  if (req.policy == "none") return out;
+  std::vector<std::exception_ptr> errors(size_t(cache.n_layers()));
+  pool.parallel_for(cache.n_layers(), [&](int64_t begin, int64_t end) {
+    for (int64_t l = begin; l < end; ++l) {
+      try {
+        detail::compress_layer(cache, int(l), n_sys, req, setup, fairkv::cpu::serial_executor{}, out.kept[size_t(l)]);
+      } catch (...) {
+        errors[size_t(l)] = std::current_exception();
+      }
     }
-    fairkv::keep_plan plan;
-    const fairkv::result res = fairkv::dispatch(spec, [&](const auto& pol) {
-      return fairkv::cpu::plan(ex, pol, inputs, std::span<const fairkv::segment>(req.segments),
-                               std::span<const int32_t>(req.whitelist), req.ratio, plan);
-    });
-    if (!res.ok()) throw std::runtime_error("fairkv plan (layer " + std::to_string(l) + "): " + res.message());
-    for (int g = 0; g < n_kv; ++g) {
-      std::vector<uint8_t>& k = out.kept[size_t(l)][size_t(g)];
-      std::fill(k.begin(), k.end(), uint8_t{0});
-      for (int32_t i : plan.kept(0, g)) k[size_t(i)] = 1;
-    }
-    if (const fairkv::result c = fairkv::cpu::compact(ex, plan.view(), keys, values); !c.ok())
-      throw std::runtime_error("fairkv compact (layer " + std::to_string(l) + "): " + c.message());
-    for (int g = 0; g < n_kv; ++g) cl.len[size_t(g)] = plan.count(0, g);
-    kv_cache::drop_captures(cl);  // only needed for scoring
-  }
+  });
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
   return out;
 }
 

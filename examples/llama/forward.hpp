@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <iterator>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -52,12 +53,35 @@ struct capture_options {
   bool queries = false;      // post-RoPE queries, sys_q (segment-local scoring recomputes attention from them)
   bool column_sums = false;  // sys_colsum: H2O's sum over every query of its attention row
   int last_rows = 0;         // sys_rows: the attention rows of the last min(last_rows, n) queries (SnapKV, TOVA)
-  bool any() const noexcept { return queries || column_sums || last_rows > 0; }
+  // sys_local_colsum over these regions (fairkv::scoring_regions of the fair H2O policy; they must tile the fed
+  // tokens): segment-local H2O's sums, each query's row renormalised to its own region.
+  std::vector<fairkv::segment> local_regions;
+  bool any() const noexcept { return queries || column_sums || last_rows > 0 || !local_regions.empty(); }
   // run_colsum: every fed query's attention row added to its cache rows' running sums, prefill chunks and
   // single-token feeds alike, on a sequence in any state (H2O online; the caller clears the sums). Not part of
   // any(): it keeps nothing per fed token.
   bool running_column_sums = false;
 };
+
+// Adds query i's row (the causal softmax over keys [0, i], in `row`) renormalised to keys [rb, i] to
+// local[rb, i]: the softmax over the region's keys. From the whole row's probabilities that is one division,
+// unless the region's best logit lies more than 60 below the row's and its probabilities underflowed: the
+// caller then passes the region's logits (`logits`, else null) and the softmax is taken from them.
+inline void add_local_row(const float* row, const float* logits, int rb, int i, float* local) {
+  if (logits == nullptr) {
+    float s = 0.0f;
+    for (int j = rb; j <= i; ++j) s += row[j];
+    const float inv = 1.0f / s;
+    for (int j = rb; j <= i; ++j) local[j] += row[j] * inv;
+    return;
+  }
+  float m = -INFINITY;
+  for (int j = rb; j <= i; ++j) m = std::max(m, logits[j]);
+  float s = 0.0f;
+  for (int j = rb; j <= i; ++j) s += std::exp(logits[j] - m);
+  const float inv = 1.0f / s;
+  for (int j = rb; j <= i; ++j) local[j] += std::exp(logits[j] - m) * inv;
+}
 
 // One sequence's state: its KV cache and the absolute position of its next token (the number of tokens ever fed,
 // evicted ones included, as kvpress counts). Copyable, so a prefilled prompt can be forked.
@@ -120,11 +144,13 @@ class engine {
     check_tokens(tokens);
     check_compatible(seq);
     seq.cache.require_room(n);
-    if ((capture.column_sums || capture.last_rows > 0) && seq.cache.max_len(0) != 0)
+    const bool stats = capture.column_sums || capture.last_rows > 0 || !capture.local_regions.empty();
+    if (stats && seq.cache.max_len(0) != 0)
       throw std::logic_error("engine::feed: attention statistics are captured from an empty sequence only");
     const int rows = std::min(std::max(capture.last_rows, 0), n);
-    if (capture.running_column_sums && (capture.column_sums || capture.last_rows > 0))
+    if (capture.running_column_sums && stats)
       throw std::logic_error("engine::feed: running column sums and a prefill's statistics are exclusive");
+    check_tiling(capture.local_regions, n);
     if (capture.running_column_sums)
       for (int l = 0; l < hp_.n_layers; ++l) {
         std::vector<float>& rc = seq.cache.layer(l).run_colsum;
@@ -137,6 +163,8 @@ class engine {
       if (capture.column_sums) cl.sys_colsum.assign(size_t(hp_.n_heads) * size_t(n), 0.0f);
       if (rows > 0) cl.sys_rows.assign(size_t(hp_.n_heads) * size_t(rows) * size_t(n), 0.0f);
       cl.sys_rows_n = rows;
+      if (!capture.local_regions.empty()) cl.sys_local_colsum.assign(size_t(hp_.n_heads) * size_t(n), 0.0f);
+      cl.sys_local_regions = capture.local_regions;
     }
 
     std::vector<float> logits(size_t(all_logits ? n : 1) * size_t(hp_.n_vocab));
@@ -218,9 +246,12 @@ class engine {
                  stats_sink sink;
                  if (capture.running_column_sums)  // cache row j is column j, rows `capacity` apart
                    sink = {cl.run_colsum.data(), nullptr, 0, seq.cache.capacity()};
-                 else if (q_capture_at >= 0 && (capture.column_sums || cl.sys_rows_n > 0))
+                 else if (q_capture_at >= 0 && (capture.column_sums || cl.sys_rows_n > 0 ||
+                                                !cl.sys_local_regions.empty()))
                    sink = {capture.column_sums ? cl.sys_colsum.data() : nullptr,
-                           cl.sys_rows_n > 0 ? cl.sys_rows.data() : nullptr, cl.sys_rows_n, n_capture};
+                           cl.sys_rows_n > 0 ? cl.sys_rows.data() : nullptr, cl.sys_rows_n, n_capture,
+                           cl.sys_local_regions.empty() ? nullptr : cl.sys_local_colsum.data(),
+                           cl.sys_local_regions};
                  attention(seq.cache, l, T, sink.n > 0 ? &sink : nullptr);
                },
                [&](int l) {
@@ -328,7 +359,21 @@ class engine {
     float* rows = nullptr;    // [n_heads, n_rows, n]: rows of queries [n - n_rows, n)
     int n_rows = 0;
     int n = 0;
+    float* local_colsum = nullptr;             // [n_heads, n]: rows renormalised to their query's region
+    std::span<const fairkv::segment> regions;  // tiling [0, n) in order
   };
+
+  static void check_tiling(std::span<const fairkv::segment> regions, int n) {
+    int32_t pos = 0;
+    for (const fairkv::segment& r : regions) {
+      if (r.begin != pos || r.end <= r.begin)
+        throw std::logic_error("engine::feed: capture_options::local_regions must tile the fed tokens in order");
+      pos = r.end;
+    }
+    if (!regions.empty() && pos != n)
+      throw std::logic_error("engine::feed: capture_options::local_regions cover " + std::to_string(pos) +
+                             " tokens, not the " + std::to_string(n) + " fed");
+  }
 
   // Causal GQA attention of the chunk's T queries over each KV head's own cache rows; writes att_[T][q_dim].
   void attention(const kv_cache& cache, int l, int T, const stats_sink* sink = nullptr) {
@@ -368,11 +413,26 @@ class engine {
     Eigen::Map<const mat_rm> k(cache.k_row(l, g, 0), L, hd);  // [L, hd]
     Eigen::Map<const mat_rm> v(cache.v_row(l, g, 0), L, hd);  // [L, hd]
     s.noalias() = q * k.transpose();
+    thread_local std::vector<float> region_logits;  // add_local_row's rare case
     for (int t = 0; t < T; ++t) {
       const int visible = past + t + 1;  // causal: the query at cache row past+t sees rows [0, past+t]
       auto row = s.row(t);
-      float mx = -INFINITY;
-      for (int j = 0; j < visible; ++j) mx = std::max(mx, row(j) * scale);
+      // The row's max, split at the first key of this query's region (segment-local sums; 0 otherwise), so the
+      // region's own max comes with it.
+      int rb = 0;
+      const bool local = sink != nullptr && sink->local_colsum != nullptr;
+      if (local)
+        rb = std::prev(std::upper_bound(sink->regions.begin(), sink->regions.end(), past + t,
+                                        [](int x, const fairkv::segment& r) { return x < r.begin; }))->begin;
+      float mx = -INFINITY, mr = -INFINITY;
+      for (int j = 0; j < rb; ++j) mx = std::max(mx, row(j) * scale);
+      for (int j = rb; j < visible; ++j) mr = std::max(mr, row(j) * scale);
+      mx = std::max(mx, mr);
+      const bool from_logits = local && mr < mx - 60.0f;
+      if (from_logits) {
+        region_logits.resize(size_t(visible));
+        for (int j = rb; j < visible; ++j) region_logits[size_t(j)] = row(j) * scale;
+      }
       float sum = 0.0f;
       for (int j = 0; j < visible; ++j) {
         const float e = std::exp(row(j) * scale - mx);
@@ -390,6 +450,9 @@ class engine {
           float* cs = sink->colsum + size_t(h) * size_t(sink->n);
           for (int j = 0; j < visible; ++j) cs[j] += row(j);
         }
+        if (sink->local_colsum != nullptr)
+          add_local_row(&row(0), from_logits ? region_logits.data() : nullptr, rb, i,
+                        sink->local_colsum + size_t(h) * size_t(sink->n));
         const int first_row = sink->n - sink->n_rows;
         if (sink->rows != nullptr && i >= first_row)
           std::copy_n(&row(0), visible,

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "fairkv/segments.hpp"
 #include "fairkv/views/kv_view.hpp"
 
 namespace llama {
@@ -24,6 +25,10 @@ struct kv_layer {
   std::vector<float> sys_rows;    // [n_heads, sys_rows_n, n_sys] softmaxed rows of the last sys_rows_n queries
                                   // (SnapKV's window, TOVA's last row), zero beyond each row's causal end
   int sys_rows_n = 0;
+  // Segment-local H2O (fair): [n_heads, n_sys] the same sums with each query's row renormalised to the keys of
+  // its own region (fairkv::scoring_regions), and the regions, which tile [0, n_sys).
+  std::vector<float> sys_local_colsum;
+  std::vector<fairkv::segment> sys_local_regions;
   // H2O online (capture_options::running_column_sums): [n_heads, capacity] sum, over every query fed since the
   // owner last cleared it, of that query's attention to cache row j. Rows move with compaction only if the owner
   // moves them; the chat session clears them at every compaction instead ("since the last compaction").
@@ -91,6 +96,9 @@ class kv_cache {
     l.sys_rows.clear();
     l.sys_rows.shrink_to_fit();
     l.sys_rows_n = 0;
+    l.sys_local_colsum.clear();
+    l.sys_local_colsum.shrink_to_fit();
+    l.sys_local_regions.clear();
   }
   void clear() {
     for (kv_layer& l : layers_) {
@@ -99,6 +107,8 @@ class kv_cache {
       l.sys_colsum.clear();
       l.sys_rows.clear();
       l.sys_rows_n = 0;
+      l.sys_local_colsum.clear();
+      l.sys_local_regions.clear();
     }
   }
 

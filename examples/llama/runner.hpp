@@ -171,10 +171,7 @@ class turn_source {
     const auto t0 = std::chrono::steady_clock::now();
     try {
       const compress_request& req = configs_[c].compress;
-      const compress_result cr =
-          compress_in_parallel(req, n_sys_, eng_.hp().n_heads, eng_.hp().head_dim)
-              ? compress_system_turn(comp.cache, n_sys_, req, pool_executor{&eng_.pool()})
-              : compress_system_turn(comp.cache, n_sys_, req);
+      const compress_result cr = compress_layers_on(eng_.pool(), comp.cache, n_sys_, req);
       rep.compress_ms = ms_since(t0);
       rep.window_used = cr.window_used;
       record_kept(rep, cr, eng_.hp().n_layers, eng_.hp().n_kv_heads);
@@ -298,7 +295,17 @@ inline std::vector<run_report> run_configs(runner_options opt, std::vector<compr
   engine eng(m, /*capacity of its own sequence, unused here=*/0, opt.forward);
   capture_options capture;
   for (const compress_config& c : configs) {
-    const attention_input src = attention_input_of(c.compress);
+    attention_input src = attention_input_of(c.compress);
+    if (src == attention_input::local_column_sums) {  // one set of regions is captured; other segments recompute
+      std::vector<fairkv::segment> regions;
+      try {
+        regions = scoring_regions_of(c.compress, n_sys);
+      } catch (const std::runtime_error&) {
+        continue;  // invalid segments: the configuration's compression reports it
+      }
+      if (capture.local_regions.empty()) capture.local_regions = std::move(regions);
+      else if (!same_regions(capture.local_regions, regions)) src = attention_input::queries;
+    }
     capture.queries = capture.queries || src == attention_input::queries;
     capture.column_sums = capture.column_sums || src == attention_input::column_sums;
     capture.last_rows = std::max(capture.last_rows, last_rows_needed(c.compress, n_sys));

@@ -29,6 +29,7 @@
 #include "fairkv/scorers/snapkv.hpp"
 #include "fairkv/scorers/streaming_llm.hpp"
 #include "fairkv/scorers/tova.hpp"
+#include "fairkv/scoring_regions.hpp"
 #include "fairkv/segments.hpp"
 #include "fairkv/selector.hpp"
 #include "fairkv/selectors/head_adaptive.hpp"

@@ -21,7 +21,7 @@ struct layer_inputs {
   const float* attention = nullptr;  // [batch, q_heads, attention_rows, attention_ld]: softmaxed causal attention
                                      // rows of the last attention_rows queries over keys [0, tokens)
   std::int64_t attention_rows = 0;
-  std::int64_t attention_ld = 0;     // leading dimension of `attention` and `attention_column_sums` (0 = tokens)
+  std::int64_t attention_ld = 0;     // leading dimension of `attention` and of both column sums (0 = tokens)
   const float* attention_column_sums = nullptr;  // [batch, q_heads, attention_ld]: sum over all causal queries
                                                  // of A[q, k] (what H2O accumulates during prefill)
   std::int64_t attention_q_heads = 0;  // query heads of `attention` / `attention_column_sums` when no queries are
@@ -30,6 +30,10 @@ struct layer_inputs {
   score_view scores{};               // [batch, kv_heads, tokens]: scorers::external's scores, higher = keep; batch
                                      // and heads equal the keys', tokens the longest sequence (sequence b reads
                                      // [0, tokens_of(b))). Read only by scorers::external, ignored otherwise.
+  const float* attention_local_column_sums = nullptr;  // [batch, q_heads, attention_ld]: attention_column_sums
+                                                       // with each query's row renormalised to the keys of its own
+                                                       // scoring region (fairkv/scoring_regions.hpp): what
+                                                       // segment-local H2O reads without queries or rows
 
   // The query heads the backends work with: the queries' own count when they are given, else attention_q_heads.
   [[nodiscard]] constexpr std::int64_t q_heads() const noexcept {

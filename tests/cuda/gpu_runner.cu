@@ -52,7 +52,7 @@ struct device_plan {
 
 // A planning case on the device: its scorer inputs and room for a plan of `tokens` slots per head.
 struct device_case {
-  device_buffer keys, queries, attention, sums, scores;
+  device_buffer keys, queries, attention, sums, local_sums, scores;
   device_plan plan;
   result upload(const host_case& c) {
     FAIRKV_TRY(keys.upload(c.k_bytes));
@@ -60,12 +60,13 @@ struct device_case {
     FAIRKV_TRY(queries.upload(c.queries));
     FAIRKV_TRY(attention.upload(c.attention));
     FAIRKV_TRY(sums.upload(c.column_sums));
+    FAIRKV_TRY(local_sums.upload(c.local_column_sums));
     return plan.allocate(c.batch, c.heads, c.tokens);
   }
   template <class T>
   [[nodiscard]] auto inputs(const host_case& c) const {
     return make_inputs<T>(c, keys.get<const T>(), queries.get<const float>(), attention.get<const float>(),
-                          sums.get<const float>(), scores.get<const float>());
+                          sums.get<const float>(), scores.get<const float>(), local_sums.get<const float>());
   }
 };
 
@@ -100,7 +101,7 @@ template <class T>
 fairkv::layer_inputs<fairkv::kv_view<const T>> fake_inputs(const host_case& c) {
   auto fake = [](const std::vector<float>& v) { return v.empty() ? nullptr : fake_device_pointer<const float>(); };
   return make_inputs<T>(c, c.k_bytes.empty() ? nullptr : fake_device_pointer<const T>(), fake(c.queries),
-                        fake(c.attention), fake(c.column_sums), fake(c.scores));
+                        fake(c.attention), fake(c.column_sums), fake(c.scores), fake(c.local_column_sums));
 }
 
 result gpu_can_implement(const host_case& c) {

@@ -55,7 +55,7 @@ enum class selector_id { per_head, union_heads, head_adaptive };
 enum class allocator_id { uniform, whitelist, fair, fair_with_whitelist, debias, fair_paper, prioritized };
 enum class dtype_id { f32, f16, bf16 };
 enum class layout_id { contiguous, capacity, token_major, strided_dim };
-enum class attention_input { queries, rows, column_sums };
+enum class attention_input { queries, rows, column_sums, local_column_sums };
 
 [[nodiscard]] inline bool is_attention(scorer_id s) noexcept {
   return s == scorer_id::snapkv || s == scorer_id::tova || s == scorer_id::h2o;
@@ -84,6 +84,7 @@ struct host_case {
   std::vector<float> queries;                   // [batch, q_heads, q_tokens, head_dim]
   std::vector<float> attention;                 // [batch, q_heads, tokens (rows), tokens]
   std::vector<float> column_sums;               // [batch, q_heads, tokens]
+  std::vector<float> local_column_sums;         // [batch, q_heads, tokens]: rows renormalised to their region
   std::vector<float> scores;                    // external: [batch, heads, tokens] or token-major [batch, tokens, heads]
   bool scores_token_major = false;
   std::int64_t score_tokens = 0;                // the scores view's tokens extent; 0: the cache's
@@ -211,7 +212,8 @@ template <class T>
 [[nodiscard]] fairkv::layer_inputs<fairkv::kv_view<const T>> make_inputs(const host_case& c, const T* keys,
                                                                           const float* queries, const float* attention,
                                                                           const float* column_sums,
-                                                                          const float* scores = nullptr) {
+                                                                          const float* scores = nullptr,
+                                                                          const float* local_column_sums = nullptr) {
   fairkv::layer_inputs<fairkv::kv_view<const T>> in{make_view(c, keys)};
   if (c.scorer == scorer_id::external && scores != nullptr) in.scores = make_scores(c, scores);
   if (is_attention(c.scorer)) {
@@ -221,8 +223,11 @@ template <class T>
       in.attention = attention;
       in.attention_rows = c.tokens;
       in.attention_q_heads = c.q_heads;
-    } else {
+    } else if (c.attn == attention_input::column_sums) {
       in.attention_column_sums = column_sums;
+      in.attention_q_heads = c.q_heads;
+    } else {
+      in.attention_local_column_sums = local_column_sums;
       in.attention_q_heads = c.q_heads;
     }
   }

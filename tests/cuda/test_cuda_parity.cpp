@@ -94,8 +94,13 @@ host_case random_case(std::mt19937& rng, scorer_id s, selector_id sel, allocator
   c.ratio = static_cast<double>(pick({0, 10, 50, 75, 90, 99})) / 100.0;
   c.alpha = static_cast<float>(pick({0, 20, 50, 100})) / 100.0f;
   c.window = static_cast<std::int32_t>(pick({1, 4, 16}));
-  c.attn = attn ? static_cast<attention_input>(rng() % (s == scorer_id::h2o ? 3 : 2)) : attention_input::queries;
+  c.attn = attn ? static_cast<attention_input>(rng() % (s == scorer_id::h2o ? 4 : 2)) : attention_input::queries;
   if (c.attn == attention_input::column_sums && uses_segments(a)) c.attn = attention_input::rows;
+  // Local sums serve the segment-local allocators that read no whole-sequence scores (debias does, and the CUDA
+  // backend refuses it anyway; fair_paper's H2O is not a sum).
+  if (c.attn == attention_input::local_column_sums &&
+      !(uses_segments(a) && a != allocator_id::fair_paper && a != allocator_id::debias))
+    c.attn = uses_segments(a) ? attention_input::rows : attention_input::column_sums;
   c.q_tokens = c.tokens;
   const std::int64_t L = c.tokens;
   if (a == allocator_id::fair_paper) {
@@ -158,9 +163,17 @@ host_case random_case(std::mt19937& rng, scorer_id s, selector_id sel, allocator
   if (attn) {
     c.queries.resize(static_cast<std::size_t>(c.batch * c.q_heads * c.q_tokens * c.head_dim));
     for (auto& x : c.queries) x = normal(rng);
-    // Engine attention: random causal rows, normalised; and their column sums.
+    // Engine attention: random causal rows, normalised; their column sums, whole and renormalised to each
+    // query's region (the segments and the runs between them: fairkv::scoring_regions of these allocators).
     c.attention.assign(static_cast<std::size_t>(c.batch * c.q_heads * L * L), 0.f);
     c.column_sums.assign(static_cast<std::size_t>(c.batch * c.q_heads * L), 0.f);
+    c.local_column_sums.assign(static_cast<std::size_t>(c.batch * c.q_heads * L), 0.f);
+    std::vector<std::int64_t> region_begin(static_cast<std::size_t>(L), 0);  // of the region holding each token
+    for (std::int64_t t = 1; t < L; ++t) {
+      bool starts = false;
+      for (const fairkv::segment& g : c.segments) starts = starts || g.begin == t || g.end == t;
+      region_begin[static_cast<std::size_t>(t)] = starts ? t : region_begin[static_cast<std::size_t>(t - 1)];
+    }
     std::uniform_real_distribution<float> u(0.01f, 1.f);
     for (std::int64_t r = 0; r < c.batch * c.q_heads; ++r)
       for (std::int64_t p = 0; p < L; ++p) {
@@ -171,6 +184,10 @@ host_case random_case(std::mt19937& rng, scorer_id s, selector_id sel, allocator
           row[t] /= sum;
           c.column_sums[static_cast<std::size_t>(r * L + t)] += row[t];
         }
+        const std::int64_t rb = region_begin[static_cast<std::size_t>(p)];
+        float local = 0.f;
+        for (std::int64_t t = rb; t <= p; ++t) local += row[t];
+        for (std::int64_t t = rb; t <= p; ++t) c.local_column_sums[static_cast<std::size_t>(r * L + t)] += row[t] / local;
       }
   }
   c.name = "scorer " + std::to_string(static_cast<int>(s)) + " selector " + std::to_string(static_cast<int>(sel)) +
@@ -206,7 +223,7 @@ result cpu_plan(const host_case& c, fairkv::keep_plan& out) {
     using T = decltype(tag);
     const auto in = make_inputs<T>(c, reinterpret_cast<const T*>(c.k_bytes.data()), c.queries.data(),
                                    c.attention.data(), c.column_sums.data(),
-                                   c.scores.empty() ? nullptr : c.scores.data());
+                                   c.scores.empty() ? nullptr : c.scores.data(), c.local_column_sums.data());
     return with_target(c, [&](auto target) {
       return fairkv::cpu::plan(pol, in, c.segments, c.whitelist, target, out);
     });
@@ -720,7 +737,7 @@ TEST_SUITE("cuda_parity") {
 
   TEST_CASE("cuda parity: attention scorers (near-ties aside, the same plans)" * doctest::skip(no_device)) {
     std::mt19937 rng(99);
-    int cases = 0, exact = 0, paper = 0, paper_exact = 0;
+    int cases = 0, exact = 0, paper = 0, paper_exact = 0, local = 0;
     for (int rep = 0; rep < (quick ? 1 : 4); ++rep)
       for (const scorer_id s : {scorer_id::snapkv, scorer_id::tova, scorer_id::h2o})
         for (const selector_id sel : all_selectors)
@@ -732,10 +749,12 @@ TEST_SUITE("cuda_parity") {
             exact += same ? 1 : 0;
             paper += a == allocator_id::fair_paper ? 1 : 0;
             paper_exact += same && a == allocator_id::fair_paper ? 1 : 0;
+            local += c.attn == attention_input::local_column_sums ? 1 : 0;
           }
     MESSAGE(cases << " attention cases, " << exact << " with bit-identical plans (fair_paper: " << paper << " cases, "
-                  << paper_exact << " bit-identical)");
+                  << paper_exact << " bit-identical; " << local << " from local column sums)");
     CHECK(exact * 10 >= cases * 8);  // near-ties are rare on random data
+    CHECK(local > 0);
   }
 
   TEST_CASE("cuda parity: fair_paper window pads and peaked attention" * doctest::skip(no_device)) {

@@ -1,7 +1,7 @@
-// Attention statistics taken from the runner's own prefill (H2O's column sums, SnapKV's window rows, TOVA's last
-// row) against fairkv's recompute from the captured queries, on the real model: the two differ only in float
-// summation order (the prefill's GEMM vs one query row at a time), so the scores agree to 1e-5 relative and the
-// plans are equal wherever the budget's boundary is not a near-tie.
+// Attention statistics taken from the runner's own prefill (H2O's column sums and fair H2O's local column sums,
+// SnapKV's window rows, TOVA's last row) against fairkv's recompute from the captured queries, on the real model:
+// the two differ only in float summation order (the prefill's GEMM vs one query row at a time), so the scores
+// agree to 1e-5 relative and the plans are equal wherever the budget's boundary is not a near-tie.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -34,19 +34,31 @@ struct prefilled {
   int n_sys = 0;
 };
 
+// A fair H2O configuration over three segments with gaps between them (so the remainder is a region too).
+llama::compress_request fair_h2o(int n, double ratio) {
+  llama::compress_request req;
+  req.policy = "h2o";
+  req.fair = true;
+  req.ratio = ratio;
+  req.segments = {{n / 20, n / 4}, {n / 4, n / 2}, {n / 2 + 7, n - 9}};
+  return req;
+}
+
 // One prefill keeping everything both paths need, in chunks of 64 tokens so the statistics cross chunks.
 prefilled prefill_all(const llama::model& m, const llama::tokenizer& tok, int rows) {
   const llama::chat::encoded_turn sys = llama::chat::encode_system_turn(tok, long_system);
+  const int n = int(sys.tokens.ids.size());
   llama::forward_options fo;
   fo.threads = 2;
   fo.batch = 64;
   llama::engine eng(m, 0, fo);
-  llama::sequence seq = eng.make_sequence(int(sys.tokens.ids.size()));
+  llama::sequence seq = eng.make_sequence(n);
   llama::capture_options cap;
   cap.queries = cap.column_sums = true;
   cap.last_rows = rows;
+  cap.local_regions = llama::scoring_regions_of(fair_h2o(n, 0.5), n);
   eng.feed(seq, sys.tokens.ids, false, cap);
-  return {std::move(seq.cache), int(sys.tokens.ids.size())};
+  return {std::move(seq.cache), n};
 }
 
 // Scores of one layer from the queries and from the prefill's statistics.
@@ -175,15 +187,108 @@ TEST_CASE("prefill attention statistics: scores and plans equal fairkv's recompu
     CHECK(equal * 10 >= plans * 9);
   }
 
-  SUBCASE("fair (segment-local) configurations keep recomputing from the queries") {
-    llama::compress_request req;
-    req.policy = "h2o";
-    req.fair = true;
+  SUBCASE("fair H2O reads the local column sums; fair SnapKV / TOVA and paper mode recompute") {
+    llama::compress_request req = fair_h2o(n, 0.5);
+    CHECK(llama::attention_input_of(req) == llama::attention_input::local_column_sums);
+    req.fair_mode = "paper";
     CHECK(llama::attention_input_of(req) == llama::attention_input::queries);
+    req = fair_h2o(n, 0.5);
+    req.recompute_attention = true;
+    CHECK(llama::attention_input_of(req) == llama::attention_input::queries);
+    req.recompute_attention = false;
     req.policy = "snapkv";
     CHECK(llama::attention_input_of(req) == llama::attention_input::queries);
     req.policy = "knorm";
     CHECK(llama::attention_input_of(req) == llama::attention_input::none);
+  }
+
+  SUBCASE("local column sums equal each region's softmax recomputed from the queries (double), every layer") {
+    const std::vector<fairkv::segment> regions = llama::scoring_regions_of(fair_h2o(n, 0.5), n);
+    REQUIRE(regions.size() == 6);  // [0, s0), s0, s1, the gap, s2, [s2.end, n)
+    const int H = p.cache.n_heads(), hd = p.cache.head_dim(), group = H / p.cache.n_kv_heads();
+    double worst = 0.0;
+    for (int l = 0; l < L; ++l) {
+      const llama::kv_layer& cl = p.cache.layer(l);
+      REQUIRE(cl.sys_local_colsum.size() == size_t(H) * size_t(n));
+      for (int h = 0; h < H; ++h) {
+        std::vector<double> want(size_t(n), 0.0), e(want.size());
+        for (const fairkv::segment& r : regions)
+          for (int i = r.begin; i < r.end; ++i) {
+            const float* q = cl.sys_q.data() + (size_t(h) * size_t(n) + size_t(i)) * size_t(hd);
+            double m = -INFINITY, z = 0.0;
+            for (int j = r.begin; j <= i; ++j) {
+              const float* k = p.cache.k_row(l, h / group, j);
+              double dot = 0.0;
+              for (int d = 0; d < hd; ++d) dot += double(q[d]) * double(k[d]);
+              e[size_t(j)] = dot / std::sqrt(double(hd));
+              m = std::max(m, e[size_t(j)]);
+            }
+            for (int j = r.begin; j <= i; ++j) z += (e[size_t(j)] = std::exp(e[size_t(j)] - m));
+            for (int j = r.begin; j <= i; ++j) want[size_t(j)] += e[size_t(j)] / z;
+          }
+        for (int j = 0; j < n; ++j) {
+          const double got = cl.sys_local_colsum[size_t(h) * size_t(n) + size_t(j)];
+          worst = std::max(worst, std::abs(got - want[size_t(j)]) / std::max(1e-6, want[size_t(j)]));
+        }
+      }
+    }
+    std::printf("[prefill stats] local column sums: worst relative difference %.3g over %d layers\n", worst, L);
+    CHECK(worst <= 1e-4);
+  }
+
+  SUBCASE("fair H2O from the local column sums plans as the recompute from the queries") {
+    int plans = 0, equal = 0;
+    for (double ratio : {0.3, 0.5, 0.7})
+      for (const char* sel : {"per_head", "union_heads"}) {
+        llama::compress_request req = fair_h2o(n, ratio);
+        req.selector = sel;
+        llama::kv_cache by_sums = p.cache, by_queries = p.cache;
+        const llama::compress_result a = llama::compress_system_turn(by_sums, n, req);
+        req.recompute_attention = true;
+        const llama::compress_result b = llama::compress_system_turn(by_queries, n, req);
+        for (int l = 0; l < L; ++l)
+          for (int h = 0; h < p.cache.n_kv_heads(); ++h) {
+            ++plans;
+            equal += a.kept[size_t(l)][size_t(h)] == b.kept[size_t(l)][size_t(h)];
+          }
+      }
+    std::printf("[prefill stats] fair H2O: %d of %d (configuration, layer, head) plans identical\n", equal, plans);
+    CHECK(equal * 10 >= plans * 9);
+    // Sums over other regions are not used: a configuration with other segments recomputes from the queries.
+    llama::compress_request other = fair_h2o(n, 0.5);
+    other.segments = {{0, n / 3}};
+    llama::kv_cache c = p.cache, ref = p.cache;
+    const auto got = llama::compress_system_turn(c, n, other);
+    other.recompute_attention = true;
+    CHECK(got.kept == llama::compress_system_turn(ref, n, other).kept);
+    // Without queries, it is an error, not a silent mix of regions.
+    llama::kv_cache no_q = p.cache;
+    for (int l = 0; l < L; ++l) no_q.layer(l).sys_q.clear();
+    other.recompute_attention = false;
+    CHECK_THROWS_WITH_AS(llama::compress_system_turn(no_q, n, other), doctest::Contains("local attention column sums"),
+                         std::runtime_error);
+  }
+
+  SUBCASE("the local row: one division, or the region's own softmax from the logits when the row underflowed") {
+    // Logits [200, 0, 1]: the whole row's softmax is [1, 0, 0] in float; the region [1, 2] is softmax([0, 1]).
+    const float logits[3] = {200.f, 0.f, 1.f};
+    float row[3];
+    const float z = 1.f + std::exp(-200.f) + std::exp(-199.f);
+    for (int j = 0; j < 3; ++j) row[j] = std::exp(logits[j] - 200.f) / z;
+    REQUIRE(row[1] == 0.f);
+    float local[3] = {0, 0, 0};
+    llama::add_local_row(row, logits, 1, 2, local);
+    CHECK(local[0] == 0.f);
+    CHECK(local[1] == doctest::Approx(1.0 / (1.0 + std::exp(1.0))));
+    CHECK(local[2] == doctest::Approx(std::exp(1.0) / (1.0 + std::exp(1.0))));
+    // Moderate logits: the division equals the softmax from the logits.
+    const float mild[3] = {3.f, 0.5f, -1.f};
+    float p3[3], a[3] = {0, 0, 0}, b[3] = {0, 0, 0};
+    const float z3 = std::exp(0.f) + std::exp(-2.5f) + std::exp(-4.f);
+    for (int j = 0; j < 3; ++j) p3[j] = std::exp(mild[j] - 3.f) / z3;
+    llama::add_local_row(p3, nullptr, 1, 2, a);
+    llama::add_local_row(p3, mild, 1, 2, b);
+    for (int j = 0; j < 3; ++j) CHECK(a[j] == doctest::Approx(b[j]).epsilon(1e-6));
   }
 
   SUBCASE("a prefill that kept only the queries still serves the statistics configurations") {

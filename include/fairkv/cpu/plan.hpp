@@ -36,10 +36,14 @@ namespace detail {
 // Scores of regions [runs] (local) or [0, L) into dst. With several tasks the heads are scored in parallel, each
 // task with its own attention scratch, then the padding that needs every head (and TOVA, whose one statistic
 // serves all heads) follows on this thread: every float is computed by the same operations as serially.
+// H2O without queries or rows reads column sums: the local regions those accumulated per region
+// (layer_inputs::attention_local_column_sums), in the whole-sequence sums' place.
 template <class S, class KeySource, class Q, executor E>
-[[nodiscard]] result score_regions(const E& ex, const S& scorer, const layer_inputs<KeySource, Q>& in,
+[[nodiscard]] result score_regions(const E& ex, const S& scorer, const layer_inputs<KeySource, Q>& all,
                                    const plan_workspace& w, std::int64_t ld, const sequence_groups& s, bool local,
                                    float* dst) {
+  layer_inputs<KeySource, Q> in = all;
+  if (local) in.attention_column_sums = all.attention_local_column_sums;
   const std::int64_t heads = in.keys.heads, n_regions = local ? s.n_runs : 1;
   const auto begin_of = [&](std::int64_t r) { return local ? w.runs[r].begin : std::int64_t{0}; };
   const auto end_of = [&](std::int64_t r) { return local ? w.runs[r].end : s.L; };

@@ -78,19 +78,33 @@ template <class S, class KeySource, class Q>
   }
 }
 
+// fair_paper's segments: exactly two adjacent spans, in either order.
+[[nodiscard]] inline result validate_paper_spans(std::span<const segment> segments, const char* allocator) noexcept {
+  const bool adjacent = segments.size() == 2 &&
+                        (segments[0].end == segments[1].begin || segments[1].end == segments[0].begin);
+  if (!adjacent)
+    return result::error(status::invalid_argument,
+                         "allocator '%s' takes exactly two adjacent segments (the paper's defense and "
+                         "system-instruction spans, in either order); got %zu%s",
+                         allocator, segments.size(), segments.size() == 2 ? " that do not touch" : "");
+  return {};
+}
+
 template <class S, class A, class KeySource, class Q>
 [[nodiscard]] result validate_attention_inputs(const layer_inputs<KeySource, Q>& in, std::int64_t min_tokens,
                                                std::int64_t max_tokens) noexcept {
   if constexpr (!is_attention_source(S::source)) {
     return {};
   } else {
+    constexpr bool h2o = S::source == score_source::observed_attention;
     const bool have_rows = in.attention != nullptr;
-    const bool have_sums = in.attention_column_sums != nullptr && S::source == score_source::observed_attention;
-    if (in.queries.data == nullptr && !have_rows && !have_sums)
+    const bool have_sums = h2o && in.attention_column_sums != nullptr;
+    const bool have_local_sums = h2o && in.attention_local_column_sums != nullptr;
+    if (in.queries.data == nullptr && !have_rows && !have_sums && !have_local_sums)
       return result::error(status::missing_input,
                            "scorer '%s' needs the window's queries (inputs.queries) or the engine's attention "
                            "(inputs.attention%s)",
-                           S::name, S::source == score_source::observed_attention ? " or inputs.attention_column_sums" : "");
+                           S::name, h2o ? ", inputs.attention_column_sums or inputs.attention_local_column_sums" : "");
     const std::int64_t qh = in.q_heads();
     if (qh <= 0)
       return result::error(status::invalid_shape,
@@ -118,11 +132,36 @@ template <class S, class A, class KeySource, class Q>
       if (have_rows && (in.attention_rows < 1 || in.attention_rows > min_tokens))
         return result::error(status::invalid_shape, "inputs.attention_rows = %lld must be in [1, %lld]",
                              static_cast<long long>(in.attention_rows), static_cast<long long>(min_tokens));
-      if constexpr (A::segment_local && S::source == score_source::observed_attention) {
-        if (!have_rows)
-          return result::error(status::missing_input,
-                               "segment-local H2O needs queries or attention rows: accumulated column sums "
-                               "(inputs.attention_column_sums) mix attention across segments");
+      // Column sums: the whole-sequence regions read attention_column_sums, the segment-local ones
+      // attention_local_column_sums (fairkv/scoring_regions.hpp); fair_paper's H2O drops the later span's votes
+      // for the earlier one, which no sum carries.
+      if constexpr (h2o) {
+        if (!have_rows) {
+          if constexpr (is_paper_allocator_v<A>) {
+            return result::error(status::missing_input,
+                                 "allocator '%s' with H2O needs queries or attention rows: its statistic drops the "
+                                 "later span's attention to the earlier one, which column sums do not separate",
+                                 A::name);
+          } else if constexpr (A::segment_local) {
+            if (!have_local_sums)
+              return result::error(status::missing_input,
+                                   "segment-local H2O (allocator '%s') needs queries, attention rows or "
+                                   "inputs.attention_local_column_sums: whole-sequence column sums "
+                                   "(inputs.attention_column_sums) mix attention across segments",
+                                   A::name);
+            if (A::needs_own_allocation && !have_sums)
+              return result::error(status::missing_input,
+                                   "allocator '%s' also ranks tokens by whole-sequence H2O scores: with "
+                                   "inputs.attention_local_column_sums it needs inputs.attention_column_sums too",
+                                   A::name);
+          } else if (!have_sums) {
+            return result::error(status::missing_input,
+                                 "allocator '%s' scores the whole sequence: H2O needs queries, attention rows or "
+                                 "inputs.attention_column_sums (inputs.attention_local_column_sums are per "
+                                 "region)",
+                                 A::name);
+          }
+        }
       }
     }
     return {};
@@ -189,15 +228,7 @@ template <class S, class Sel, class A, class KeySource, class Q>
                            whitelist.size(), A::name);
   }
   FAIRKV_TRY(validate_segments(segments, min_tokens));
-  if constexpr (is_paper_allocator_v<A>) {
-    const bool adjacent = segments.size() == 2 &&
-                          (segments[0].end == segments[1].begin || segments[1].end == segments[0].begin);
-    if (!adjacent)
-      return result::error(status::invalid_argument,
-                           "allocator '%s' takes exactly two adjacent segments (the paper's defense and "
-                           "system-instruction spans, in either order); got %zu%s",
-                           A::name, segments.size(), segments.size() == 2 ? " that do not touch" : "");
-  }
+  if constexpr (is_paper_allocator_v<A>) FAIRKV_TRY(validate_paper_spans(segments, A::name));
   FAIRKV_TRY(validate_whitelist(whitelist, min_tokens));
   FAIRKV_TRY(validate_protection(protection_of(pol.allocator)));
   FAIRKV_TRY(validate_scorer(pol.scorer));

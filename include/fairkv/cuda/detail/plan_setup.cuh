@@ -94,6 +94,7 @@ template <class S, class A, class KeySource, class Q>
   a.scale = in.scale != 0.f ? in.scale : 1.f / std::sqrt(static_cast<float>(in.keys.head_dim));
   a.from_queries = in.queries.data != nullptr;
   a.column_sums = !a.from_queries && in.attention == nullptr;
+  a.local_sums = a.column_sums && !whole;
   if constexpr (S::source == score_source::window_attention) {
     a.window = scorer.window;
     a.kernel = scorer.kernel;

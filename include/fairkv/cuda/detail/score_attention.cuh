@@ -47,7 +47,8 @@ struct attention_params {
   std::int32_t kernel = 1;
   float scale = 1.f;
   bool from_queries = false;   // else the engine's attention rows (or column sums for H2O)
-  bool column_sums = false;    // H2O from inputs.attention_column_sums
+  bool column_sums = false;    // H2O from column sums: inputs.attention_column_sums, or
+  bool local_sums = false;     // inputs.attention_local_column_sums when the regions are segment-local
   bool paper = false;          // fair_paper: the paper's statistics (above); the regions are its widened spans
   fairkv::detail::paper_spans spans{};  // fair_paper: the original spans (H2O's cut, StreamingLLM's ramps)
   attention_region regions[max_runs];
@@ -137,7 +138,8 @@ __global__ void __launch_bounds__(attention_threads)
   if (t - reg.begin < reg.scored) {
     if (a.column_sums) {
       const std::int64_t ldc = in.attention_ld != 0 ? in.attention_ld : L;
-      sum = in.attention_column_sums[(static_cast<std::int64_t>(b) * a.q_heads + qh) * ldc + t];
+      const float* sums = a.local_sums ? in.attention_local_column_sums : in.attention_column_sums;
+      sum = sums[(static_cast<std::int64_t>(b) * a.q_heads + qh) * ldc + t];
     } else {
       const std::int64_t kvh = qh / a.group;
       const T* k = in.keys.row(b, kvh, t);
