@@ -13,8 +13,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <new>
 #include <span>
+#include <vector>
 
+#include "fairkv/detail/plan_front/groups.hpp"
 #include "fairkv/detail/protected_tokens.hpp"
 #include "fairkv/detail/validate.hpp"
 #include "fairkv/policy.hpp"
@@ -29,7 +32,8 @@ namespace fairkv {
 
 // The regions `pol` scores a sequence of `tokens` tokens in, given the plan's segments: out[0, count), in position
 // order. out must hold max_scoring_regions(segments.size()) entries. The segments are validated as the planners
-// validate them; on error count is 0 and out is untouched.
+// validate them; on error count is 0 and out is untouched. Allocates scratch of O(segments) (out_of_memory if
+// that fails).
 template <class S, class Sel, class A>
 [[nodiscard]] result scoring_regions(const policy<S, Sel, A>& pol, std::span<const segment> segments,
                                      std::int64_t tokens, std::span<segment> out, std::size_t& count) noexcept {
@@ -44,32 +48,33 @@ template <class S, class Sel, class A>
   if (out.size() < max_scoring_regions(segments.size()))
     return result::error(status::invalid_argument, "out holds %zu regions; %zu segments need up to %zu",
                          out.size(), segments.size(), max_scoring_regions(segments.size()));
-  const auto L = static_cast<std::int32_t>(tokens);
-  // fair_paper's H2O and StreamingLLM score the whole sequence (in the paper's way), like every policy that does
-  // not score segment-locally.
+  // fair_paper's H2O scores the whole sequence (in the paper's way), like every policy that does not score
+  // segment-locally; the others score the planners' own runs (detail/plan_front/groups.hpp).
   constexpr bool whole = !A::segment_local || !is_attention_source(S::source) ||
                          (paper && S::source == score_source::observed_attention);
   if constexpr (whole) {
-    out[0] = {0, L};
+    out[0] = {0, static_cast<std::int32_t>(tokens)};
     count = 1;
-  } else if constexpr (paper) {
-    const std::int32_t split = segments[0].begin < segments[1].begin ? segments[0].end : segments[1].end;
-    out[0] = {0, split};
-    count = 1;
-    if (split < L) out[count++] = {split, L};
   } else {
-    // The segments in position order by selection (they are disjoint, so each step has one successor): no
-    // allocation, and a few hundred segments at most in practice.
-    std::int32_t pos = 0;
-    for (std::size_t i = 0; i < segments.size(); ++i) {
-      const segment* next = nullptr;
-      for (const segment& s : segments)
-        if (s.begin >= pos && (next == nullptr || s.begin < next->begin)) next = &s;
-      if (next->begin > pos) out[count++] = {pos, next->begin};
-      out[count++] = *next;
-      pos = next->end;
+    struct run {
+      std::int32_t begin, end, group;
+    };
+    try {
+      const std::size_t n = segments.size();
+      std::vector<segment> sorted(n);
+      std::vector<std::int32_t> origin(n);
+      std::vector<run> runs(max_scoring_regions(n));
+      std::vector<std::int64_t> sizes(n + 1);
+      detail::sort_segments(segments, sorted.data(), origin.data());
+      segment widened[2];
+      const detail::grouping g = detail::build_runs(
+          detail::grouping_segments<S, A>(std::span<const segment>(sorted), tokens, widened), tokens, runs.data(),
+          sizes.data());
+      for (std::int64_t r = 0; r < g.runs; ++r) out[static_cast<std::size_t>(r)] = {runs[r].begin, runs[r].end};
+      count = static_cast<std::size_t>(g.runs);
+    } catch (const std::bad_alloc&) {
+      return result::error(status::out_of_memory, "out of host memory for %zu segments", segments.size());
     }
-    if (pos < L) out[count++] = {pos, L};
   }
   return {};
 }
