@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Iterable
 
 from . import jsonl
-from .aggregate import variant_label
+from .aggregate import instruction_class, variant_label
 from .data import REPO_ROOT, default_data_dir, load_attack, load_defenses, load_items, pick_subset
 from .harness import POLICIES, VARIANT_SPECS, VARIANTS, Run, Settings, config_for
 from .runner import Config, RunnerError, SweepRequest, find_runner, is_budget_error, run_sweep
@@ -286,7 +286,70 @@ def kept_table(records, defense) -> str:
     return "\n".join(lines)
 
 
-def report_markdown(records: list[dict]) -> str:
+def class_kl(records: list[dict], classes_of: dict[int, list[str]], ratios: Iterable[float] = (0.5, 0.9),
+             variant: str = "plain", metric: str = "kl_task") -> dict[tuple[str, str], dict[float, list[float]]]:
+    """(group, class) -> {ratio: per-item values}: the IFEval turn's KL of each item whose instructions include
+    the class (once per item, however many of its instructions share the class), the item's value being the mean
+    over every policy and defense order of `variant` at that ratio. Only items with all of those cells count, so
+    every value averages the same configurations. group: "single" or "multi" (one vs several instructions).
+    Items missing from classes_of are left out."""
+    out: dict[tuple[str, str], dict[float, list[float]]] = {}
+    for q in ratios:
+        rs = [r for r in records if r.get("status") == "ok" and r["variant"] == variant and
+              abs(r["ratio"] - q) < 1e-9 and r.get(metric) is not None]
+        want = {(r["policy"], r["defense"]) for r in rs}
+        by: dict[int, dict] = {}
+        for r in rs:
+            by.setdefault(r["key"], {})[(r["policy"], r["defense"])] = r[metric]
+        for key, cellv in sorted(by.items()):
+            if set(cellv) != want or key not in classes_of:
+                continue
+            ids = classes_of[key]
+            group = "multi" if len(ids) > 1 else "single"
+            value = statistics.fmean(cellv.values())
+            for cls in sorted({instruction_class(i) for i in ids}):
+                out.setdefault((group, cls), {}).setdefault(q, []).append(value)
+    return out
+
+
+def class_kl_correlation(per_class: dict[tuple[str, str], dict[float, list[float]]], ratio: float) -> dict:
+    """Spearman rank correlation, across the classes present in both groups, of the mean KL at `ratio` in
+    single- vs multi-instruction items (do the same classes degrade most in both settings?)."""
+    from scipy.stats import spearmanr
+
+    classes = sorted({c for g, c in per_class if g == "single"} & {c for g, c in per_class if g == "multi"})
+    classes = [c for c in classes if per_class[("single", c)].get(ratio) and per_class[("multi", c)].get(ratio)]
+    xs = [statistics.fmean(per_class[("single", c)][ratio]) for c in classes]
+    ys = [statistics.fmean(per_class[("multi", c)][ratio]) for c in classes]
+    out = {"n_classes": len(classes), "rho": None, "p": None}
+    if len(xs) >= 3 and len(set(xs)) > 1 and len(set(ys)) > 1:
+        res = spearmanr(xs, ys)
+        out["rho"], out["p"] = float(res.statistic), float(res.pvalue)
+    return out
+
+
+def class_kl_table(records: list[dict], classes_of: dict[int, list[str]], ratios=(0.5, 0.9)) -> str:
+    per_class = class_kl(records, classes_of, ratios)
+    lines = ["| items | class | " + " | ".join(f"KL at {q:g} [95% CI] (items)" for q in ratios) + " |",
+             "|---|---|" + "---|" * len(ratios)]
+    for g in ("single", "multi"):
+        for (grp, cls), by_q in sorted(per_class.items()):
+            if grp != g:
+                continue
+            row = []
+            for q in ratios:
+                xs = by_q.get(q)
+                row.append("-" if not xs else f"{fmt_ci(*mean_ci(xs), 3).replace('+', '')} ({len(xs)})")
+            lines.append(f"| {g} | {cls} | " + " | ".join(row) + " |")
+    c = class_kl_correlation(per_class, max(ratios))
+    rho = "undefined (fewer than 3 classes in both groups, or constant means)" if c["rho"] is None else \
+        f"rho = {c['rho']:+.3f} (p = {c['p']:.3f})"
+    lines.append(f"\nSpearman rank correlation of the per-class mean KL at {max(ratios):g}, single- vs "
+                 f"multi-instruction items: {rho} over {c['n_classes']} classes.")
+    return "\n".join(lines)
+
+
+def report_markdown(records: list[dict], classes_of: dict[int, list[str]] | None = None) -> str:
     pols, vars_, ratios, defs = axes(records)
     ok = [r for r in records if r.get("status") == "ok"]
     items = sorted({r["key"] for r in ok})
@@ -305,6 +368,11 @@ def report_markdown(records: list[dict]) -> str:
             "(variant − plain); mean over items [95% CI]; `≠ 0` where the interval excludes 0 with at least "
             f"{MIN_ITEMS} items (`n < {MIN_ITEMS}`: too few items to call; `(excl. 0)` says its interval excludes 0 "
             "anyway). −KL: lower KL counts as a gain.\n", gain_table(records)]
+    if classes_of:
+        out += ["\n**Fidelity per instruction class** (pitfall 1): KL(uncompressed ‖ compressed) along the IFEval "
+                "turn's uncompressed answer, per item the mean over the plain policies and both orders, then the "
+                "mean over the items whose instructions include the class [95% CI] (items; an item with several "
+                "classes counts in each)\n", class_kl_table(records, classes_of)]
     for d in defs:
         out += [f"\n**Kept fraction** (defense / instructions; fair_paper: the system-prompt span), {d} defense\n",
                 kept_table(records, d)]
@@ -384,7 +452,13 @@ def cmd_report(a) -> int:
     for r in records:
         latest[r["run_id"]] = r
     records = list(latest.values())
-    md = report_markdown(records)
+    data_dir = a.data_dir or default_data_dir()
+    try:
+        classes_of = {i.key: i.instruction_id_list for i in load_items(data_dir)}
+    except FileNotFoundError:
+        print(f"note: {data_dir / 'sys_ifeval.jsonl'} not found: no per-class table", file=sys.stderr)
+        classes_of = None
+    md = report_markdown(records, classes_of)
     if a.md_out:
         a.md_out.parent.mkdir(parents=True, exist_ok=True)
         a.md_out.write_text(md + "\n", encoding="utf-8")
@@ -475,6 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--md-out", type=Path, default=None)
     p.add_argument("--img-dir", type=Path, default=REPO_ROOT / "docs" / "img")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--data-dir", type=Path, default=None, help="sys_ifeval.jsonl's folder, for the instruction "
+                   "classes (default: the harness's)")
     g = sub.add_parser("greedy-ci", help="bootstrap intervals for the summary of `run`'s greedy answers")
     g.add_argument("inputs", nargs="+", type=Path)
     return ap

@@ -94,6 +94,46 @@ def test_a_gain_whose_interval_straddles_zero_is_not_distinguishable():
     assert (g["gain"], g["low"], g["high"], g["distinguishable"]) == (0.0, -1.0, 1.0, False)
 
 
+def test_class_kl_hand_worked():
+    def kl(key, policy, defense, q, x, variant="plain"):
+        return {**rec(key, defense, variant, q, 0.0, kl=0.0, policy=policy), "kl_task": x}
+    rs = []
+    # Item 1 (single, class a): its four plain cells at 0.9 are 0.1, 0.3, 0.2, 0.2 -> 0.2; at 0.5 all 0.05.
+    for (p, d), x in zip([("snapkv", "standard"), ("snapkv", "flipped"), ("knorm", "standard"),
+                          ("knorm", "flipped")], (0.1, 0.3, 0.2, 0.2)):
+        rs += [kl(1, p, d, 0.9, x), kl(1, p, d, 0.5, 0.05)]
+    # Item 2 (single, class b): 0.6 everywhere at 0.9; a fair record of 9.0 must not count (plain only).
+    for p in ("snapkv", "knorm"):
+        for d in ("standard", "flipped"):
+            rs += [kl(2, p, d, 0.9, 0.6), kl(2, p, d, 0.9, 9.0, variant="fair")]
+    # Item 3 (multi, classes a and b): 0.4 at 0.9. Item 4 (multi, a twice: counted once): 0.8.
+    for key, x in ((3, 0.4), (4, 0.8)):
+        for p in ("snapkv", "knorm"):
+            for d in ("standard", "flipped"):
+                rs.append(kl(key, p, d, 0.9, x))
+    # Item 5 lacks knorm/flipped at 0.9: left out rather than averaged over fewer cells.
+    rs += [kl(5, "snapkv", "standard", 0.9, 5.0), kl(5, "snapkv", "flipped", 0.9, 5.0),
+           kl(5, "knorm", "standard", 0.9, 5.0)]
+    classes_of = {1: ["a:x"], 2: ["b:y"], 3: ["a:x", "b:z"], 4: ["a:x", "a:w"], 5: ["a:x"]}
+    got = ev.class_kl(rs, classes_of, ratios=(0.5, 0.9))
+    assert set(got) == {("single", "a"), ("single", "b"), ("multi", "a"), ("multi", "b")}
+    assert got[("single", "a")][0.9] == pytest.approx([0.2]) and got[("single", "a")][0.5] == pytest.approx([0.05])
+    assert got[("single", "b")] == {0.9: pytest.approx([0.6])}
+    assert got[("multi", "a")][0.9] == pytest.approx([0.4, 0.8]) and got[("multi", "b")][0.9] == pytest.approx([0.4])
+    # Two classes in both groups: too few for a rank correlation.
+    assert ev.class_kl_correlation(got, 0.9) == {"n_classes": 2, "rho": None, "p": None}
+    table = ev.class_kl_table(rs, classes_of)
+    assert "| multi | a | - | 0.600 [0.400, 0.800] (2) |" in table and "| single | b | - | 0.600 [0.600, 0.600] (1) |" in table
+    # A third class ranked the same way in both groups gives rho = +1.
+    for key, ids, x in ((6, ["c:q"], 0.9), (7, ["c:q", "c:r"], 1.0)):
+        classes_of[key] = ids
+        for p in ("snapkv", "knorm"):
+            for d in ("standard", "flipped"):
+                rs.append(kl(key, p, d, 0.9, x))
+    c = ev.class_kl_correlation(ev.class_kl(rs, classes_of, ratios=(0.9,)), 0.9)
+    assert c["n_classes"] == 3 and c["rho"] == pytest.approx(0.5)  # single a<b<c; multi b<a<c: ranks (1,2,3) vs (2,1,3)
+
+
 def test_paper_mode_gets_its_own_sweep_with_its_two_spans(tmp_path):
     from tools.pitfalls.data import Item
     from tools.pitfalls.harness import Settings
