@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import random
 import statistics
 import sys
 import time
@@ -31,6 +29,7 @@ from .data import REPO_ROOT, default_data_dir, load_attack, load_defenses, load_
 from .harness import POLICIES, VARIANT_SPECS, VARIANTS, Run, Settings, config_for
 from .runner import Config, RunnerError, SweepRequest, find_runner, is_budget_error, run_sweep
 from .segments import REFUSAL_SENTENCE, build_system_turn, paper_spans
+from .stats import bootstrap_ci, mean_ci, percentile  # noqa: F401  (re-exported: the tests reach them here)
 
 RATIOS = tuple(round(0.1 * i, 1) for i in range(1, 10))
 GAIN_RATIOS = (0.4, 0.5, 0.6, 0.7)     # the paper's Table 1 averages over these
@@ -43,34 +42,6 @@ OUT = REPO_ROOT / "docs" / "data" / "evidence.jsonl"
 
 
 # ---------------------------------------------------------------------------------------------- statistics
-
-def percentile(sorted_xs: list[float], q: float) -> float:
-    """The q-quantile (0 <= q <= 1) of sorted values, linear interpolation between order statistics (numpy's
-    default): position q * (n - 1)."""
-    if not sorted_xs:
-        raise ValueError("percentile of no values")
-    pos = q * (len(sorted_xs) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_xs) - 1)
-    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
-
-
-def bootstrap_ci(values: list[float], n: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean: n resamples (with replacement, same size) of the values, with a
-    fixed seed; the (1-level)/2 and (1+level)/2 quantiles of the resampled means."""
-    if not values:
-        raise ValueError("bootstrap of no values")
-    rng = random.Random(seed)
-    k = len(values)
-    means = sorted(math.fsum(values[rng.randrange(k)] for _ in range(k)) / k for _ in range(n))
-    return percentile(means, (1 - level) / 2), percentile(means, (1 + level) / 2)
-
-
-def mean_ci(values: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """(mean, low, high)."""
-    lo, hi = bootstrap_ci(values, n, seed)
-    return statistics.fmean(values), lo, hi
-
 
 def per_item(records: Iterable[dict], metric: str, policy: str, variant: str, ratios: Iterable[float],
              defenses: Iterable[str] = DEFENSES) -> dict[int, float]:
@@ -268,20 +239,29 @@ def gain_table(records) -> str:
 
 
 def kept_table(records, defense) -> str:
+    """Kept fractions of the defense and of the instructions (fair_paper: the system-prompt span), per item the
+    mean over its records of the cell, then the mean over items [95% CI]."""
     pols, vars_, ratios, _ = axes(records)
     shown = [q for q in ratios if q in (0.3, 0.5, 0.7, 0.9)]
     lines = ["| policy | variant | " + " | ".join(f"{q:g} (def / instr)" for q in shown) + " |",
              "|---|---|" + "---|" * len(shown)]
+
+    def ci(rs, seg_of) -> str:
+        by: dict[int, list[float]] = {}
+        for r in rs:
+            x = seg_of(r["kept"])
+            if x is not None:
+                by.setdefault(r["key"], []).append(x)
+        return fmt_ci(*mean_ci([statistics.fmean(v) for v in by.values()]), 2).replace("+", "") if by else "-"
+
     for p in pols:
         for v in vars_:
             row = []
             for q in shown:
                 rs = [r for r in records if r.get("status") == "ok" and r["policy"] == p and r["variant"] == v and
                       abs(r["ratio"] - q) < 1e-9 and r["defense"] == defense]
-                dk = [r["kept"].get("defense") for r in rs if r["kept"].get("defense") is not None]
-                ik = [r["kept"].get("instructions", r["kept"].get("system_prompt")) for r in rs]
-                ik = [x for x in ik if x is not None]
-                row.append(f"{statistics.fmean(dk):.2f} / {statistics.fmean(ik):.2f}" if dk and ik else "-")
+                row.append(ci(rs, lambda k: k.get("defense")) + " / " +
+                           ci(rs, lambda k: k.get("instructions", k.get("system_prompt"))))
             lines.append(f"| {p} | {v} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -374,7 +354,8 @@ def report_markdown(records: list[dict], classes_of: dict[int, list[str]] | None
                 "mean over the items whose instructions include the class [95% CI] (items; an item with several "
                 "classes counts in each)\n", class_kl_table(records, classes_of)]
     for d in defs:
-        out += [f"\n**Kept fraction** (defense / instructions; fair_paper: the system-prompt span), {d} defense\n",
+        out += [f"\n**Kept fraction** (defense / instructions; fair_paper: the system-prompt span), {d} defense, "
+                "mean over items [95% CI]\n",
                 kept_table(records, d)]
     return "\n".join(out)
 

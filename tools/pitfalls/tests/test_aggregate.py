@@ -103,17 +103,22 @@ def test_report_writes_tables_plots_and_results_block(tmp_path):
                    "--results-md", str(results_md), "--all-items"])
     assert rc == 0
     md = md_out.read_text()
-    assert "| knorm | plain | 0.200 | 0.700 |" in md           # leakage row: baseline, ratio 0.5
-    assert "| knorm | fair | 0.200 | 0.300 |" in md
+    # Two items: a mean of two values a, b has the bootstrap interval [min, max] (a resample is aa, ab or bb).
+    assert "| knorm | plain | 0.200 [0.100, 0.300] | 0.700 [0.600, 0.800] |" in md   # leakage: baseline A, B; C, D
+    assert "| knorm | fair | 0.200 [0.100, 0.300] | 0.300 [0.200, 0.400] |" in md    # E, G (G's error superseded)
     assert "| standard | knorm | whitelist | 0.5 | 1 |" in md  # the infeasible run is listed, not scored
-    assert "| uncompressed (ratio 0) | 0.200 | 0.50 | 0.667 | 0.00 |" in md
-    assert "| plain | 0.700 | 0.00 | 0.000 | 0.50 |" in md         # C, D: |0.2-0.7|, |0.4-0.9|
-    assert "| fair | 0.300 | 0.50 | 1.000 | 0.00 |" in md
+    # IFEval pooled over instructions: A [T], B [T, F] -> 2/3; resamples AA 1, BB 1/2, AB 2/3 -> [0.5, 1].
+    assert "| uncompressed (ratio 0) | 0.200 [0.100, 0.300] | 0.50 [0.00, 1.00] | 0.667 [0.500, 1.000] | " \
+           "0.00 [0.00, 0.00] |" in md
+    # Gap of the cell means: |0.3 - 0.8| = 0.5, and so in every resample (C: |0.2-0.7|, D: |0.4-0.9|).
+    assert "| plain | 0.700 [0.600, 0.800] | 0.00 [0.00, 0.00] | 0.000 [0.000, 0.000] | 0.50 [0.50, 0.50] |" in md
+    assert "| fair | 0.300 [0.200, 0.400] | 0.50 [0.00, 1.00] | 1.000 [1.000, 1.000] | 0.00 [0.00, 0.00] |" in md
+    assert "| knorm | plain | 1.00 [1.00, 1.00] / 1.00 [1.00, 1.00] | 0.30 [0.20, 0.40] / 0.80 [0.70, 0.90] |" in md
     for name in ("pitfalls_leakage.png", "pitfalls_refusal.png", "pitfalls_ifeval.png", "pitfalls_kept_fraction.png"):
         p = img / name
         assert p.is_file() and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
     text = results_md.read_text()
-    assert "old" not in text and "before" in text and "after" in text and "| knorm | plain | 0.200 | 0.700 |" in text
+    assert "old" not in text and "before" in text and "after" in text and "| knorm | plain | 0.200 [0.100, 0.300] | 0.700" in text
 
 
 def test_complete_only_drops_items_of_a_stopped_sweep(records):

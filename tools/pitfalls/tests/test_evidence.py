@@ -134,6 +134,18 @@ def test_class_kl_hand_worked():
     assert c["n_classes"] == 3 and c["rho"] == pytest.approx(0.5)  # single a<b<c; multi b<a<c: ranks (1,2,3) vs (2,1,3)
 
 
+def test_kept_table_hand_worked():
+    def k(key, d, i, variant="plain"):
+        return {**rec(key, "standard", variant, 0.5, 0.0), "kept": {"defense": d, "instructions": i}}
+    # Two items: defense 0.2 and 0.4 -> 0.30 [0.20, 0.40]; instructions 0.9 and 0.9 -> a point. fair_paper
+    # records carry the system-prompt span instead of the instructions.
+    rs = [k(1, 0.2, 0.9), k(2, 0.4, 0.9),
+          {**rec(1, "standard", "fair_paper", 0.5, 0.0), "kept": {"defense": 0.5, "system_prompt": 0.6}}]
+    t = ev.kept_table(rs, "standard")
+    assert "| snapkv | plain | 0.30 [0.20, 0.40] / 0.90 [0.90, 0.90] |" in t
+    assert "| snapkv | fair_paper | 0.50 [0.50, 0.50] / 0.60 [0.60, 0.60] |" in t
+
+
 def test_paper_mode_gets_its_own_sweep_with_its_two_spans(tmp_path):
     from tools.pitfalls.data import Item
     from tools.pitfalls.harness import Settings

@@ -121,8 +121,8 @@ def test_report_with_the_new_variants(env, tmp_path):
     assert paper["preamble"] is None
     plain = g[("standard", "knorm", "plain", 0.5)]["kept"]
     assert plain["instructions"] == pytest.approx(0.75) and plain[SYSTEM_PROMPT] == pytest.approx(0.75)
-    assert "| knorm | fair_paper | 1.00 / 1.00 | 0.50 / 0.50 |" in text and agg.KEPT_NOTE in text
-    assert "| knorm | fair_boundary | 1.00 / 1.00 | 0.50 / 0.50 |" in text
+    assert "| knorm | fair_paper | 1.00 [1.00, 1.00] / 1.00 [1.00, 1.00] | 0.50 [0.50, 0.50] / 0.50 [0.50, 0.50] |" in text and agg.KEPT_NOTE in text
+    assert "| knorm | fair_boundary | 1.00 [1.00, 1.00] / 1.00 [1.00, 1.00] | 0.50 [0.50, 0.50] / 0.50 [0.50, 0.50] |" in text
     assert f"| none | knorm | fair_paper | 0.5 | {harness.NO_PAPER_SPANS} | 2 |" in text
     assert "| fair_paper | " in text and "none defense" in text
     assert (img / "pitfalls_kept_fraction.png").stat().st_size > 5000
