@@ -145,7 +145,16 @@ def run_one(binary: Path, item, defense: str, defenses_json: dict, attack: str, 
 
 def cmd_run(a) -> int:
     data_dir = a.data_dir or default_data_dir()
-    items = pick_subset(load_items(data_dir), a.items, a.seed)
+    all_items = load_items(data_dir)
+    if a.keys:
+        by_key = {i.key: i for i in all_items}
+        missing = [k for k in a.keys if k not in by_key]
+        if missing:
+            print(f"error: no item with key {missing[0]} in {data_dir / 'sys_ifeval.jsonl'}", file=sys.stderr)
+            return 2
+        items = [by_key[k] for k in a.keys]
+    else:
+        items = pick_subset(all_items, a.items, a.seed)
     defenses_json, attack = load_defenses(data_dir), load_attack(data_dir)
     s = Settings(window=a.window, max_new_tokens=a.max_new_tokens, threads=a.threads, model=a.model,
                  max_batch=a.max_batch, sinks=a.sinks, boundary=a.boundary)
@@ -509,6 +518,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="score every policy x variant x ratio against the uncompressed reference")
     r.add_argument("--items", type=int, default=100)
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--keys", type=lambda s: [int(x) for x in _csv(s)], default=None,
+                   help="these items, in this order, instead of the --items subset: split a sweep between processes "
+                        "(each with its own --out and --threads), then concatenate their JSONL")
     r.add_argument("--ratios", type=lambda s: [float(x) for x in _csv(s)], default=list(RATIOS))
     r.add_argument("--policies", type=_csv, default=list(POLICIES))
     r.add_argument("--variants", type=_csv, default=list(VARIANTS))

@@ -198,6 +198,25 @@ def test_run_resume_and_report_against_the_stand_in_runner(env, tmp_path):
                                                      "evidence_kl.png"]
 
 
+def test_run_on_given_keys_splits_a_sweep(env, tmp_path):
+    from tools.pitfalls.data import default_data_dir, load_items, pick_subset
+    subset = [i.key for i in pick_subset(load_items(default_data_dir()), 3)]
+    base = ["evidence", "run", "--ratios", "0.5", "--policies", "knorm", "--variants", "plain,fair",
+            "--runner", str(env["bin"])]
+    # Two processes' worth: the third item alone, then the first two, into separate files.
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert cli.main(base + ["--keys", str(subset[2]), "--out", str(a)]) == 0
+    assert cli.main(base + ["--keys", f"{subset[0]},{subset[1]}", "--out", str(b)]) == 0
+    assert {r["key"] for r in jsonl.read(a)} == {subset[2]}
+    assert [r["key"] for r in jsonl.read(b)][0] == subset[0] and {r["key"] for r in jsonl.read(b)} == set(subset[:2])
+    # Together they are the --items 3 sweep's records.
+    whole = tmp_path / "whole.jsonl"
+    assert cli.main(base + ["--items", "3", "--out", str(whole)]) == 0
+    ids = lambda path: sorted(r["run_id"] for r in jsonl.read(path))  # noqa: E731
+    assert sorted(ids(a) + ids(b)) == ids(whole)
+    assert cli.main(base + ["--keys", "999999", "--out", str(a)]) == 2      # no such item: refused
+
+
 def greedy(key, variant, ratio, recall, refusal, strict, run_id=None, status="ok"):
     return {"run_id": run_id or f"{key}|{variant}|{ratio}|{recall}", "status": status, "key": key,
             "variant": variant, "fair": variant == "fair", "sinks": 4 if variant == "fair" else None, "ratio": ratio, "leak": {"rougeL_recall_system": recall, "refusal": refusal},
