@@ -12,7 +12,7 @@ from typing import Iterable
 
 from .harness import DONE, VARIANT_SPECS, VARIANTS as VARIANT_ORDER, Settings
 from .segments import SYSTEM_PROMPT
-from .stats import item_ci
+from .stats import item_ci, spearman
 
 SEGMENTS = ("defense", "instructions", "preamble", SYSTEM_PROMPT)
 DEFAULTS = Settings()
@@ -166,8 +166,6 @@ def degradation_correlation(records: list[dict], variant: str = "plain") -> dict
     """Spearman rank correlation, across instruction classes, of the accuracy drop from ratio 0 to the
     highest ratio in single-instruction items vs multi-instruction items (the paper's question: do the
     same instructions break first in both settings?)."""
-    from scipy.stats import spearmanr
-
     ca = class_accuracy(records, variant)
     ratios = sorted({k[2] for k in ca})
     out = {"n_classes": 0, "rho": None, "p": None, "hi_ratio": ratios[-1] if ratios else None, "classes": {}}
@@ -184,9 +182,7 @@ def degradation_correlation(records: list[dict], variant: str = "plain") -> dict
     xs = [v["single"] for v in out["classes"].values()]
     ys = [v["multi"] for v in out["classes"].values()]
     out["n_classes"] = len(xs)
-    if len(xs) >= 3 and len(set(xs)) > 1 and len(set(ys)) > 1:
-        res = spearmanr(xs, ys)
-        out["rho"], out["p"] = float(res.statistic), float(res.pvalue)
+    out["rho"], out["p"] = spearman(xs, ys)
     return out
 
 

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Iterable
 
 from . import jsonl
-from .aggregate import instruction_class, variant_label
+from .aggregate import fmt_ci as fmt_unsigned, instruction_class, variant_label
 from .data import REPO_ROOT, default_data_dir, load_attack, load_defenses, load_items, pick_subset
 from .harness import POLICIES, VARIANT_SPECS, VARIANTS, Run, Settings, config_for
 from .runner import Config, RunnerError, SweepRequest, find_runner, is_budget_error, run_sweep
 from .segments import REFUSAL_SENTENCE, build_system_turn, paper_spans
-from .stats import bootstrap_ci, mean_ci, percentile  # noqa: F401  (re-exported: the tests reach them here)
+from .stats import bootstrap_ci, mean_ci, percentile, spearman  # noqa: F401  (re-exported: the tests reach them here)
 
 RATIOS = tuple(round(0.1 * i, 1) for i in range(1, 10))
 GAIN_RATIOS = (0.4, 0.5, 0.6, 0.7)     # the paper's Table 1 averages over these
@@ -261,7 +261,7 @@ def kept_table(records, defense) -> str:
             x = seg_of(r["kept"])
             if x is not None:
                 by.setdefault(r["key"], []).append(x)
-        return fmt_ci(*mean_ci([statistics.fmean(v) for v in by.values()]), 2).replace("+", "") if by else "-"
+        return fmt_unsigned(mean_ci([statistics.fmean(v) for v in by.values()]), 2) if by else "-"
 
     for p in pols:
         for v in vars_:
@@ -304,16 +304,12 @@ def class_kl(records: list[dict], classes_of: dict[int, list[str]], ratios: Iter
 def class_kl_correlation(per_class: dict[tuple[str, str], dict[float, list[float]]], ratio: float) -> dict:
     """Spearman rank correlation, across the classes present in both groups, of the mean KL at `ratio` in
     single- vs multi-instruction items (do the same classes degrade most in both settings?)."""
-    from scipy.stats import spearmanr
-
     classes = sorted({c for g, c in per_class if g == "single"} & {c for g, c in per_class if g == "multi"})
     classes = [c for c in classes if per_class[("single", c)].get(ratio) and per_class[("multi", c)].get(ratio)]
     xs = [statistics.fmean(per_class[("single", c)][ratio]) for c in classes]
     ys = [statistics.fmean(per_class[("multi", c)][ratio]) for c in classes]
     out = {"n_classes": len(classes), "rho": None, "p": None}
-    if len(xs) >= 3 and len(set(xs)) > 1 and len(set(ys)) > 1:
-        res = spearmanr(xs, ys)
-        out["rho"], out["p"] = float(res.statistic), float(res.pvalue)
+    out["rho"], out["p"] = spearman(xs, ys)
     return out
 
 
@@ -328,7 +324,7 @@ def class_kl_table(records: list[dict], classes_of: dict[int, list[str]], ratios
             row = []
             for q in ratios:
                 xs = by_q.get(q)
-                row.append("-" if not xs else f"{fmt_ci(*mean_ci(xs), 3).replace('+', '')} ({len(xs)})")
+                row.append("-" if not xs else f"{fmt_unsigned(mean_ci(xs), 3)} ({len(xs)})")
             lines.append(f"| {g} | {cls} | " + " | ".join(row) + " |")
     c = class_kl_correlation(per_class, max(ratios))
     rho = "undefined (fewer than 3 classes in both groups, or constant means)" if c["rho"] is None else \

@@ -58,3 +58,14 @@ def item_ci(by_item: Mapping[object, T], stat: Callable[[Sequence[T]], float | N
     k = len(data)
     draws = sorted(v for v in (stat([data[rng.randrange(k)] for _ in range(k)]) for _ in range(n)) if v is not None)
     return point, percentile(draws, (1 - level) / 2), percentile(draws, (1 + level) / 2)
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> tuple[float | None, float | None]:
+    """(rho, p) of the Spearman rank correlation, or (None, None) where it is undefined or meaningless: fewer
+    than 3 pairs, or a constant side."""
+    if len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
+        return None, None
+    from scipy.stats import spearmanr
+
+    res = spearmanr(xs, ys)
+    return float(res.statistic), float(res.pvalue)
