@@ -4,7 +4,9 @@
   python3 bench/llama/llamacpp_bench.py [--model PATH] [--threads 2] [--prompt-tokens 256] [--decode-tokens 128]
 
 Prefill: one llama_decode of the whole prompt (n_batch >= prompt). Decode: greedy, one token per eval.
-Needs: pip install llama-cpp-python (builds llama.cpp from source).
+Needs: pip install llama-cpp-python (builds llama.cpp from source). On a CPU with AMX, a default (native) build
+may crash in ggml's AMX matmul (seen on the development VM): build with the CMAKE_ARGS of docs/benchmarks.md
+("Runner against llama.cpp, seventh session"), which name the instruction sets and leave AMX out.
 """
 import argparse
 import os

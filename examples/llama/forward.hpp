@@ -280,15 +280,23 @@ class engine {
     up_.resize(size_t(T) * hp_.d_ff);    // [T, d_ff]
     tmp_.resize(size_t(T) * d);          // [T, d_model]
 
+    // The element-wise steps (RoPE, SiLU) of a prefill chunk are split over its tokens too: on one thread they
+    // would hold the other threads at the next barrier. Each element is computed as it would be serially.
+    auto per_token = [&](auto&& f) {
+      if (T >= 16) pool_->parallel_for(T, f);
+      else f(int64_t{0}, int64_t{T});
+    };
     for (int l = 0; l < hp_.n_layers; ++l) {
       const layer_weights& w = m_.layer(l);
       rms_norm(x_.data(), w.attn_norm, xn_.data(), T, d);
       matmul({{&w.wq, q_.data()}, {&w.wk, k_.data()}, {&w.wv, v_.data()}}, xn_.data(), T, rowwise);
-      for (int t = 0; t < T; ++t) {
-        const int p = pos(t);
-        for (int h = 0; h < hp_.n_heads; ++h) rope(q_.data() + size_t(t) * q_dim + size_t(h) * hd, p);
-        for (int h = 0; h < hp_.n_kv_heads; ++h) rope(k_.data() + size_t(t) * kv_dim + size_t(h) * hd, p);
-      }
+      per_token([&](int64_t t_begin, int64_t t_end) {
+        for (int t = int(t_begin); t < int(t_end); ++t) {
+          const int p = pos(t);
+          for (int h = 0; h < hp_.n_heads; ++h) rope(q_.data() + size_t(t) * q_dim + size_t(h) * hd, p);
+          for (int h = 0; h < hp_.n_kv_heads; ++h) rope(k_.data() + size_t(t) * kv_dim + size_t(h) * hd, p);
+        }
+      });
       capture(l);
       append(l);
       attend(l);
@@ -297,10 +305,12 @@ class engine {
 
       rms_norm(x_.data(), w.ffn_norm, xn_.data(), T, d);
       matmul({{&w.w_gate, gate_.data()}, {&w.w_up, up_.data()}}, xn_.data(), T, rowwise);
-      for (size_t i = 0; i < size_t(T) * hp_.d_ff; ++i) {
-        const float g = gate_[i];
-        gate_[i] = g / (1.0f + std::exp(-g)) * up_[i];  // SiLU(gate) * up
-      }
+      per_token([&](int64_t t_begin, int64_t t_end) {
+        for (size_t i = size_t(t_begin) * hp_.d_ff; i < size_t(t_end) * hp_.d_ff; ++i) {
+          const float g = gate_[i];
+          gate_[i] = g / (1.0f + std::exp(-g)) * up_[i];  // SiLU(gate) * up
+        }
+      });
       matmul({{&w.w_down, tmp_.data()}}, gate_.data(), T, rowwise);
       for (size_t i = 0; i < size_t(T) * d; ++i) x_[i] += tmp_[i];
     }
@@ -479,21 +489,26 @@ class engine {
   void matmul(std::initializer_list<matmul_job> jobs_in, const float* x, int T, bool rowwise) {
     const std::vector<matmul_job> jobs(jobs_in);
     const int64_t n_in = jobs.front().w->n_in, nb = n_in / quant::qk;
-    constexpr int64_t tile = 32;  // rows per work item: 32 x 1536 expanded floats = 192 KiB at most
-    // Work items: (job, first row) tiles over every job's rows.
-    std::vector<std::pair<int, int64_t>> items;
     bool any_block = false;
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      if (jobs[j].w->n_in != n_in) throw std::logic_error("matmul: jobs with different input sizes");
-      any_block = any_block || quant::is_block_quant(jobs[j].w->type);
-      for (int64_t r0 = 0; r0 < jobs[j].w->n_out; r0 += tile) items.emplace_back(int(j), r0);
+    for (const matmul_job& j : jobs) {
+      if (j.w->n_in != n_in) throw std::logic_error("matmul: jobs with different input sizes");
+      any_block = any_block || quant::is_block_quant(j.w->type);
     }
     const bool q8 = opt_.q8_activations && any_block;
+    const bool gemm = !q8 && !rowwise && T >= gemm_min_tokens;
+    // Rows per work item. A GEMM tile is expanded to floats once for all T tokens and x is packed once per
+    // tile, so tiles are large: 96 = two of Eigen's 48-row AVX-512 panels (four 24-row AVX2 ones), 96 x 1536
+    // floats = 576 KiB (measured on the 135M model's prefill at 1 thread, AVX-512: 32 rows 448 tok/s, 64 rows
+    // 493, 96 rows 512). Without a GEMM a tile only splits the work between threads, and small tiles balance it.
+    const int64_t tile = gemm ? 96 : 32;
+    // Work items: (job, first row) tiles over every job's rows.
+    std::vector<std::pair<int, int64_t>> items;
+    for (size_t j = 0; j < jobs.size(); ++j)
+      for (int64_t r0 = 0; r0 < jobs[j].w->n_out; r0 += tile) items.emplace_back(int(j), r0);
     if (q8) {
       xq_.resize(size_t(T) * size_t(nb));  // [T, n_in/32]
       for (int t = 0; t < T; ++t) quant::quantize_row_q8_act(x + size_t(t) * n_in, xq_.data() + size_t(t) * nb, n_in);
     }
-    const bool gemm = !q8 && !rowwise && T >= gemm_min_tokens;
     if (!gemm) {
       xsum_.resize(size_t(T) * size_t(nb));  // [T, n_in/32] block sums of x
       for (int t = 0; t < T; ++t) quant::block_sums(x + size_t(t) * n_in, xsum_.data() + size_t(t) * nb, n_in);
@@ -509,8 +524,11 @@ class engine {
         for (int64_t r = 0; r < rows; ++r) quant::dequantize_row(w.type, w.row(r0 + r), wt.data() + r * n_in, n_in);
         Eigen::Map<const mat_rm> wm(wt.data(), rows, n_in);  // [rows, n_in]
         Eigen::Map<const mat_rm> xm(x, T, n_in);              // [T, n_in]
-        Eigen::Map<mat_rm, 0, Eigen::OuterStride<>> ym(y + r0, T, rows, Eigen::OuterStride<>(n_out));
-        ym.noalias() = xm * wm.transpose();
+        // y's tile transposed (rows x T, column-major in y): the expanded weights are the product's left side,
+        // which Eigen packs cheaply from row-major storage, and x the right side, packed once per tile.
+        using mat_cm = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
+        Eigen::Map<mat_cm, 0, Eigen::OuterStride<>> yt(y + r0, rows, T, Eigen::OuterStride<>(n_out));
+        yt.noalias() = wm * xm.transpose();
       } else if (q8 && quant::is_block_quant(w.type)) {
         for (int64_t r = r0; r < r0 + rows; ++r)
           for (int t = 0; t < T; ++t)

@@ -89,6 +89,45 @@ TEST_CASE("quant: dequantisation of hand-made blocks") {
   }
 }
 
+// The vectorised expansion (a table lookup on AVX-512) against the format's definition, element by element, on
+// random blocks whose two nibbles of a byte differ: an element order or nibble mix-up cannot pass. q4_1's
+// q * d + m may round once (fused) or twice (scalar code the compiler did not contract): either is accepted.
+TEST_CASE("quant: dequantisation of random rows equals the per-element definition") {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.001f, 0.1f);
+  const int n = 576, nb = n / 32;
+  std::vector<q::block_q4_0> b40(static_cast<size_t>(nb));
+  std::vector<q::block_q4_1> b41(static_cast<size_t>(nb));
+  std::vector<q::block_q8_0> b80(static_cast<size_t>(nb));
+  for (int i = 0; i < nb; ++i) {
+    b40[size_t(i)].d = f32_to_f16_bits(0.5f);
+    b41[size_t(i)].d = f32_to_f16_bits(scale(rng));
+    b41[size_t(i)].m = f32_to_f16_bits(-scale(rng) * 8);
+    b80[size_t(i)].d = f32_to_f16_bits(0.25f);
+    for (int j = 0; j < 16; ++j) {
+      b40[size_t(i)].qs[j] = uint8_t(byte(rng));
+      b41[size_t(i)].qs[j] = uint8_t(byte(rng));
+    }
+    for (int j = 0; j < 32; ++j) b80[size_t(i)].qs[j] = int8_t(byte(rng) - 128);
+  }
+  std::vector<float> out(static_cast<size_t>(n));
+  auto nibble = [](const uint8_t* qs, int j) { return j < 16 ? qs[j] & 0x0f : qs[j - 16] >> 4; };
+  q::dequantize_row(ggml_type::q4_0, b40.data(), out.data(), n);
+  for (int e = 0; e < n; ++e)
+    CHECK(out[size_t(e)] == float(nibble(b40[size_t(e / 32)].qs, e % 32) - 8) * 0.5f);
+  q::dequantize_row(ggml_type::q4_1, b41.data(), out.data(), n);
+  for (int e = 0; e < n; ++e) {
+    const q::block_q4_1& b = b41[size_t(e / 32)];
+    const float qf = float(nibble(b.qs, e % 32)), d = q::f16_to_f32(b.d), m = q::f16_to_f32(b.m);
+    volatile float prod = qf * d;  // volatile: the twice-rounded value, never contracted
+    const bool fused = out[size_t(e)] == std::fma(qf, d, m), twice = out[size_t(e)] == prod + m;
+    CHECK((fused || twice));
+  }
+  q::dequantize_row(ggml_type::q8_0, b80.data(), out.data(), n);
+  for (int e = 0; e < n; ++e) CHECK(out[size_t(e)] == float(b80[size_t(e / 32)].qs[e % 32]) * 0.25f);
+}
+
 TEST_CASE("quant: activation quantisation round trip") {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 3.0f);
