@@ -307,12 +307,29 @@ inline fvec fzero() noexcept { return _mm512_setzero_ps(); }
 inline fvec ffma(float a, fvec b, fvec c) noexcept { return _mm512_fmadd_ps(_mm512_set1_ps(a), b, c); }
 inline float fsum(fvec v) noexcept { return _mm512_reduce_add_ps(v); }
 inline fvec fadd(fvec a, fvec b) noexcept { return _mm512_add_ps(a, b); }
+inline fvec fset1(float a) noexcept { return _mm512_set1_ps(a); }
+inline fvec fmul(fvec a, fvec b) noexcept { return _mm512_mul_ps(a, b); }
+// dst[32] = f(each vector of an expanded block), in element order.
+template <class F>
+inline void store_expanded(const expanded& e, float* dst, F&& f) noexcept {
+  _mm512_storeu_ps(dst, f(e.lo));
+  _mm512_storeu_ps(dst + 16, f(e.hi));
+}
 #elif defined(__AVX2__)
 using fvec = __m256;
 inline fvec fzero() noexcept { return _mm256_setzero_ps(); }
 inline fvec ffma(float a, fvec b, fvec c) noexcept { return _mm256_fmadd_ps(_mm256_set1_ps(a), b, c); }
 inline float fsum(fvec v) noexcept { return hsum(v); }
 inline fvec fadd(fvec a, fvec b) noexcept { return _mm256_add_ps(a, b); }
+inline fvec fset1(float a) noexcept { return _mm256_set1_ps(a); }
+inline fvec fmul(fvec a, fvec b) noexcept { return _mm256_mul_ps(a, b); }
+template <class F>
+inline void store_expanded(const expanded& e, float* dst, F&& f) noexcept {
+  _mm256_storeu_ps(dst, f(e.v0));
+  _mm256_storeu_ps(dst + 8, f(e.v1));
+  _mm256_storeu_ps(dst + 16, f(e.v2));
+  _mm256_storeu_ps(dst + 24, f(e.v3));
+}
 #endif
 
 inline float dot_nibbles_f32_scalar(const uint8_t* qs, const float* x) noexcept {
@@ -345,18 +362,10 @@ inline void dequantize_row(gguf::ggml_type t, const void* src, float* dst, int64
       const auto* b = static_cast<const block_q4_0*>(src);
       for (int64_t i = 0; i < n / qk; ++i, dst += qk) {
         const float d = f16_to_f32(b[i].d);
-#if defined(__AVX512F__)
-        const detail::expanded e = detail::expand_nibbles(b[i].qs);
-        const __m512 vd = _mm512_set1_ps(d), eight = _mm512_set1_ps(8.0f);
-        _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_sub_ps(e.lo, eight), vd));
-        _mm512_storeu_ps(dst + 16, _mm512_mul_ps(_mm512_sub_ps(e.hi, eight), vd));
-#elif defined(__AVX2__)
-        const detail::expanded e = detail::expand_nibbles(b[i].qs);
-        const __m256 vd = _mm256_set1_ps(d), eight = _mm256_set1_ps(8.0f);
-        _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_sub_ps(e.v0, eight), vd));
-        _mm256_storeu_ps(dst + 8, _mm256_mul_ps(_mm256_sub_ps(e.v1, eight), vd));
-        _mm256_storeu_ps(dst + 16, _mm256_mul_ps(_mm256_sub_ps(e.v2, eight), vd));
-        _mm256_storeu_ps(dst + 24, _mm256_mul_ps(_mm256_sub_ps(e.v3, eight), vd));
+#if defined(__AVX2__)
+        const detail::fvec vd = detail::fset1(d), minus8 = detail::fset1(-8.0f);
+        detail::store_expanded(detail::expand_nibbles(b[i].qs), dst,
+                               [&](detail::fvec v) { return detail::fmul(detail::fadd(v, minus8), vd); });
 #else
         for (int j = 0; j < qk / 2; ++j) {
           dst[j] = float(int(b[i].qs[j] & 0x0f) - 8) * d;
@@ -370,18 +379,10 @@ inline void dequantize_row(gguf::ggml_type t, const void* src, float* dst, int64
       const auto* b = static_cast<const block_q4_1*>(src);
       for (int64_t i = 0; i < n / qk; ++i, dst += qk) {
         const float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
-#if defined(__AVX512F__)
-        const detail::expanded e = detail::expand_nibbles(b[i].qs);
-        const __m512 vd = _mm512_set1_ps(d), vm = _mm512_set1_ps(m);
-        _mm512_storeu_ps(dst, _mm512_fmadd_ps(e.lo, vd, vm));
-        _mm512_storeu_ps(dst + 16, _mm512_fmadd_ps(e.hi, vd, vm));
-#elif defined(__AVX2__)
-        const detail::expanded e = detail::expand_nibbles(b[i].qs);
-        const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
-        _mm256_storeu_ps(dst, _mm256_fmadd_ps(e.v0, vd, vm));
-        _mm256_storeu_ps(dst + 8, _mm256_fmadd_ps(e.v1, vd, vm));
-        _mm256_storeu_ps(dst + 16, _mm256_fmadd_ps(e.v2, vd, vm));
-        _mm256_storeu_ps(dst + 24, _mm256_fmadd_ps(e.v3, vd, vm));
+#if defined(__AVX2__)
+        const detail::fvec vm = detail::fset1(m);
+        detail::store_expanded(detail::expand_nibbles(b[i].qs), dst,
+                               [&](detail::fvec v) { return detail::ffma(d, v, vm); });
 #else
         for (int j = 0; j < qk / 2; ++j) {
           dst[j] = float(b[i].qs[j] & 0x0f) * d + m;
@@ -395,17 +396,10 @@ inline void dequantize_row(gguf::ggml_type t, const void* src, float* dst, int64
       const auto* b = static_cast<const block_q8_0*>(src);
       for (int64_t i = 0; i < n / qk; ++i, dst += qk) {
         const float d = f16_to_f32(b[i].d);
-#if defined(__AVX512F__)
-        const detail::expanded e = detail::expand_s8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs)));
-        _mm512_storeu_ps(dst, _mm512_mul_ps(e.lo, _mm512_set1_ps(d)));
-        _mm512_storeu_ps(dst + 16, _mm512_mul_ps(e.hi, _mm512_set1_ps(d)));
-#elif defined(__AVX2__)
-        const detail::expanded e = detail::expand_s8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs)));
-        const __m256 vd = _mm256_set1_ps(d);
-        _mm256_storeu_ps(dst, _mm256_mul_ps(e.v0, vd));
-        _mm256_storeu_ps(dst + 8, _mm256_mul_ps(e.v1, vd));
-        _mm256_storeu_ps(dst + 16, _mm256_mul_ps(e.v2, vd));
-        _mm256_storeu_ps(dst + 24, _mm256_mul_ps(e.v3, vd));
+#if defined(__AVX2__)
+        const detail::fvec vd = detail::fset1(d);
+        detail::store_expanded(detail::expand_s8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs))), dst,
+                               [&](detail::fvec v) { return detail::fmul(v, vd); });
 #else
         for (int j = 0; j < qk; ++j) dst[j] = float(b[i].qs[j]) * d;
 #endif
