@@ -1,7 +1,8 @@
 // The GEMM attention path (cpu/detail/attention_gemm.hpp) against the row-at-a-time path on the same numbers:
 // the row path is taken for keys whose head_dim is not contiguous, so the same cache laid out [head_dim][tokens]
-// scores through it. Whole sequences and segment-local regions, windows and GQA groups on both sides of gemm_rows,
-// regions on both sides of gemm_keys, and every attention scorer that reads queries.
+// scores through it. Whole sequences and segment-local regions; windows, GQA groups and their products (the rows
+// of one pass: a group's windows together) on both sides of gemm_rows, so passes start inside a head's window;
+// regions on both sides of gemm_keys; every attention scorer that reads queries.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -52,7 +53,7 @@ void check_paths_agree(const S& scorer, const shape& s, std::int64_t q_tokens, s
   REQUIRE_FALSE(cpu::detail::gemm_attention(row_in));
 
   const std::int64_t L = s.tokens, ld = L;
-  const auto scratch = static_cast<std::size_t>(cpu::detail::scratch_per_token<S> * (re - rb));
+  const auto scratch = static_cast<std::size_t>(cpu::detail::scratch_floats<S>(re - rb));
   std::vector<float> a(static_cast<std::size_t>(s.heads * ld), -7.f), b = a, tmp_a(scratch), tmp_b(scratch);
   REQUIRE(cpu::detail::score_region(scorer, gemm_in, 0, L, rb, re, a.data(), ld, tmp_a.data()).ok());
   REQUIRE(cpu::detail::score_region(scorer, row_in, 0, L, rb, re, b.data(), ld, tmp_b.data()).ok());
@@ -70,14 +71,15 @@ void check_paths_agree(const S& scorer, const shape& s, std::int64_t q_tokens, s
     }
 }
 
-const shape shapes[] = {{1, 1, 1, 3}, {2, 4, 64, 200}, {1, 20, 32, 150}, {3, 2, 256, 300}, {2, 17, 8, 129}};
+const shape shapes[] = {{1, 1, 1, 3},     {2, 4, 64, 200}, {1, 20, 32, 150},
+                        {3, 2, 256, 300}, {2, 17, 8, 129}, {1, 70, 16, 160}};
 
 }  // namespace
 
-TEST_CASE("attention GEMM path: SnapKV equals the row path (windows below, at and above gemm_rows)") {
+TEST_CASE("attention GEMM path: SnapKV equals the row path (windows and group x window below and above gemm_rows)") {
   std::uint32_t seed = 100;
   for (const shape& s : shapes)
-    for (const std::int32_t w : {1, 5, 16, 40}) {
+    for (const std::int32_t w : {1, 5, 16, 40, 70}) {
       scorers::snapkv<64, 5> sc{};
       sc.window = w;
       const std::int64_t L = s.tokens;
@@ -106,8 +108,8 @@ TEST_CASE("attention GEMM path: H2O from queries equals the row path") {
 }
 
 TEST_CASE("attention GEMM path: plans through cpu::plan use the larger scratch, serial and parallel alike") {
-  // The workspace query sizes the GEMM scratch; a plan over a region longer than gemm_keys with a window longer
-  // than gemm_rows completes and keeps the window.
+  // The workspace query sizes the GEMM scratch; a plan over a region longer than gemm_keys, whose group's window
+  // rows (4 x 33) take more than one pass of gemm_rows, completes and keeps the window.
   const shape s{2, 4, 64, 400};
   two_layouts k(s, 7);
   std::vector<float> q = fairkv_test::random_floats(static_cast<std::size_t>(s.heads * s.group * 400 * 64), 8);

@@ -56,7 +56,7 @@ template <class S, class KeySource, class Q, executor E>
   std::fill(w.failed, w.failed + tasks, std::int64_t{-1});
   FAIRKV_TRY(for_shares(ex, tasks, heads, [&](std::int64_t task, std::int64_t h) {
     if (w.failed[task] >= 0) return;
-    float* tmp = w.tmp + task * scratch_per_token<S> * ld;
+    float* tmp = w.tmp + task * scratch_floats<S>(ld);
     for (std::int64_t r = 0; r < n_regions; ++r)
       if (!score_region_head(scorer, in, s.b, s.L, begin_of(r), end_of(r), h, dst, ld, tmp)) {
         w.failed[task] = h;
@@ -156,7 +156,7 @@ template <class S, class KeySource, class Q>
   FAIRKV_TRY(fairkv::detail::validate_external_inputs<S>(in, max_tokens));
   FAIRKV_TRY((fairkv::detail::validate_attention_inputs<S, allocators::uniform>(in, min_tokens, max_tokens)));
   try {
-    std::vector<float> tmp(static_cast<std::size_t>(detail::scratch_per_token<S> * max_tokens));
+    std::vector<float> tmp(static_cast<std::size_t>(detail::scratch_floats<S>(max_tokens)));
     for (std::int64_t b = 0; b < in.keys.batch; ++b)
       FAIRKV_TRY(detail::score_region(scorer, in, b, in.keys.tokens_of(b), 0, in.keys.tokens_of(b),
                                       scores + b * in.keys.heads * ld, ld, tmp.data()));

@@ -71,20 +71,22 @@ result query_index(const layer_inputs<KeySource, Q>& in, std::int64_t L, std::in
   return {};
 }
 
-// The GEMM path (detail/attention_gemm.hpp) for `count` queries, taken only where gemm_attention(in): query head
-// qh at positions p0, p0 + 1, ... (along_tokens: a window, or every query of a region) or query heads qh, qh + 1,
-// ... at position p0 (TOVA's group), over KV head kv_head's keys [rb, position]; each row's softmax is added to
-// acc[0, acc_n).
+// The GEMM path (detail/attention_gemm.hpp), taken only where gemm_attention(in), over KV head kv_head's keys
+// [rb, position], each row's softmax added to acc[0, acc_n). along_tokens: query heads qh .. qh + heads - 1, each
+// at positions p0 .. p0 + count - 1 (a window, or every query of a region); otherwise the `count` query heads
+// qh, qh + 1, ... at position p0 (TOVA's group; heads is 1).
 template <class KeySource, class Q>
 result add_query_rows(const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L, std::int64_t kv_head,
-                      std::int64_t qh, std::int64_t p0, std::int64_t count, bool along_tokens, std::int64_t rb,
-                      float scale, float* acc, std::int64_t acc_n, float* logits) {
+                      std::int64_t qh, std::int64_t heads, std::int64_t p0, std::int64_t count, bool along_tokens,
+                      std::int64_t rb, float scale, float* acc, std::int64_t acc_n, float* logits) {
   if constexpr (gemm_types<KeySource, Q>) {
     std::int64_t qi = 0;
     FAIRKV_TRY(query_index(in, L, p0, qi));
-    add_attention_rows(in.keys, b, kv_head, in.queries.row(b, qh, qi),
-                       along_tokens ? in.queries.stride_token : in.queries.stride_head, count, rb, p0,
-                       along_tokens ? 1 : 0, scale, acc, acc_n, logits);
+    const auto& qv = in.queries;
+    const query_rows rows = along_tokens
+                                ? query_rows{qv.row(b, qh, qi), qv.stride_head, qv.stride_token, heads, count, p0, 1}
+                                : query_rows{qv.row(b, qh, qi), 0, qv.stride_head, 1, count, p0, 0};
+    add_attention_rows(in.keys, b, kv_head, rows, rb, scale, acc, acc_n, logits);
     return {};
   } else {
     return result::error(status::internal_error, "the GEMM attention path was taken for non-float inputs");
@@ -159,7 +161,7 @@ inline constexpr bool scores_per_head = S::source != score_source::last_attentio
 
 // Scores of region [rb, re) of sequence b (length L) for KV head h: scores[h * ld + t], before the padding of the
 // window / anchor tokens (finish_region), which needs every head. Writes only row h; tmp must hold
-// scratch_per_token<S> * (re - rb) floats of this call's own.
+// scratch_floats<S>(re - rb) floats of this call's own.
 template <class S, class KeySource, class Q>
 result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L,
                          std::int64_t rb, std::int64_t re, std::int64_t h, float* scores, std::int64_t ld,
@@ -203,41 +205,48 @@ result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, 
         return {};
       }
       for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] = 0.f;
-      for (std::int64_t g = 0; g < group; ++g) {
-        const std::int64_t qh = h * group + g;
+      if (gemm) {
+        // The whole group in one pass over the keys; the window mean and the pooling are linear, so pooling the
+        // group's summed windows once is the sum of the per-head poolings (up to float rounding).
         std::fill(acc, acc + m, 0.f);
-        if (gemm) {
-          FAIRKV_TRY(add_query_rows(in, b, L, h, qh, re - w, w, true, rb, scale, acc, m, logits));
-        } else {
+        FAIRKV_TRY(add_query_rows(in, b, L, h, h * group, group, re - w, w, true, rb, scale, acc, m, logits));
+        add_pooled_window_mean(acc, m, w, scorer.kernel, pooled, scores + h * ld + rb);
+      } else {
+        for (std::int64_t g = 0; g < group; ++g) {
+          const std::int64_t qh = h * group + g;
+          std::fill(acc, acc + m, 0.f);
           for (std::int64_t p = re - w; p < re; ++p) {
             FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, probs));
             for (std::int64_t t = 0; t < m; ++t) acc[t] += probs[t];
           }
+          add_pooled_window_mean(acc, m, w, scorer.kernel, pooled, scores + h * ld + rb);
         }
-        add_pooled_window_mean(acc, m, w, scorer.kernel, pooled, scores + h * ld + rb);
       }
       for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] /= static_cast<float>(group);
       return {};
     } else if constexpr (S::source == score_source::observed_attention) {
       const bool from_queries = in.queries.data != nullptr || in.attention != nullptr;
       for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] = 0.f;
-      for (std::int64_t g = 0; g < group; ++g) {
-        const std::int64_t qh = h * group + g;
-        if (gemm) {
-          std::fill(acc, acc + n, 0.f);
-          FAIRKV_TRY(add_query_rows(in, b, L, h, qh, rb, n, true, rb, scale, acc, n, logits));
-        } else if (from_queries) {
-          std::fill(acc, acc + n, 0.f);
-          for (std::int64_t p = rb; p < re; ++p) {
-            FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, probs));
-            for (std::int64_t t = 0; t <= p - rb; ++t) acc[t] += probs[t];
+      if (gemm) {  // the group's column sums in one call (a sum over every row of every head)
+        std::fill(acc, acc + n, 0.f);
+        FAIRKV_TRY(add_query_rows(in, b, L, h, h * group, group, rb, n, true, rb, scale, acc, n, logits));
+        for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] = acc[t] / static_cast<float>(re - (rb + t));
+      } else {
+        for (std::int64_t g = 0; g < group; ++g) {
+          const std::int64_t qh = h * group + g;
+          if (from_queries) {
+            std::fill(acc, acc + n, 0.f);
+            for (std::int64_t p = rb; p < re; ++p) {
+              FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, probs));
+              for (std::int64_t t = 0; t <= p - rb; ++t) acc[t] += probs[t];
+            }
+          } else {
+            const std::int64_t ldc = in.attention_ld != 0 ? in.attention_ld : L;
+            const float* col = in.attention_column_sums + (b * qheads + qh) * ldc;
+            for (std::int64_t t = 0; t < n; ++t) acc[t] = col[rb + t];
           }
-        } else {
-          const std::int64_t ldc = in.attention_ld != 0 ? in.attention_ld : L;
-          const float* col = in.attention_column_sums + (b * qheads + qh) * ldc;
-          for (std::int64_t t = 0; t < n; ++t) acc[t] = col[rb + t];
+          for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] += acc[t] / static_cast<float>(re - (rb + t));
         }
-        for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] += acc[t] / static_cast<float>(re - (rb + t));
       }
       for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] /= static_cast<float>(group);
       return {};
@@ -248,7 +257,7 @@ result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, 
 }
 
 // What follows the per-head scores of region [rb, re): the padding of SnapKV's window with the maximum over every
-// head, and TOVA's whole statistic. tmp must hold scratch_per_token<S> * (re - rb) floats.
+// head, and TOVA's whole statistic. tmp must hold scratch_floats<S>(re - rb) floats.
 template <class S, class KeySource, class Q>
 result finish_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L,
                      std::int64_t rb, std::int64_t re, float* scores, std::int64_t ld, float* tmp) {
@@ -270,7 +279,7 @@ result finish_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std:
     std::fill(acc, acc + m, 0.f);
     if (gemm_attention(in)) {  // per KV head, its group's query heads at the last position
       for (std::int64_t h = 0; h < heads; ++h)
-        FAIRKV_TRY(add_query_rows(in, b, L, h, h * group, re - 1, group, false, rb, scale, acc, m, tmp + 3 * n));
+        FAIRKV_TRY(add_query_rows(in, b, L, h, h * group, 1, re - 1, group, false, rb, scale, acc, m, tmp + 3 * n));
     } else {
       for (std::int64_t qh = 0; qh < qheads; ++qh) {
         FAIRKV_TRY(attention_row(in, b, L, qh, group, re - 1, rb, scale, probs));
@@ -285,7 +294,7 @@ result finish_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std:
 }
 
 // Scores of region [rb, re) of sequence b (length L) for every KV head: scores[h * ld + t].
-// tmp must hold scratch_per_token<S> * (re - rb) floats.
+// tmp must hold scratch_floats<S>(re - rb) floats.
 template <class S, class KeySource, class Q>
 result score_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L,
                     std::int64_t rb, std::int64_t re, float* scores, std::int64_t ld, float* tmp) {

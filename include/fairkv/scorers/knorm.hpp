@@ -13,19 +13,22 @@ struct knorm {
 
   template <class Row>
   [[nodiscard]] FAIRKV_HOST_DEVICE float operator()(const Row& k, const token_info& /*where*/) const noexcept {
-    // Four partial sums: lets the compiler vectorise without -ffast-math and keeps the error below 1e-6 rel.
-    float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+    // Sixteen partial sums in a fixed order, then a fixed pairwise tree: one AVX-512 register, two AVX2 or four
+    // SSE registers without -ffast-math, and the same value on every host and the device. (Four scalar sums, as
+    // before, were vectorised by g++ 12 with -march=native into shuffles and scalar adds: 1.5x slower at 32k.)
+    constexpr int lanes = 16;
+    float s[lanes] = {};
     const std::int64_t n = k.size();
     std::int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-      const float a = k[i], b = k[i + 1], c = k[i + 2], d = k[i + 3];
-      s0 += a * a;
-      s1 += b * b;
-      s2 += c * c;
-      s3 += d * d;
-    }
-    for (; i < n; ++i) s0 += k[i] * k[i];
-    return -std::sqrt((s0 + s1) + (s2 + s3));
+    for (; i + lanes <= n; i += lanes)
+      for (int j = 0; j < lanes; ++j) {
+        const float x = k[i + j];
+        s[j] += x * x;
+      }
+    for (int j = 0; i < n; ++i, ++j) s[j] += k[i] * k[i];
+    for (int half = lanes / 2; half > 0; half /= 2)
+      for (int j = 0; j < half; ++j) s[j] += s[j + half];
+    return -std::sqrt(s[0]);
   }
 };
 static_assert(Scorer<knorm>);

@@ -22,7 +22,7 @@ using carver = fairkv::detail::workspace_carver<64>;
 struct plan_workspace {
   float* scores = nullptr;         // [heads, max_tokens] the scores selection uses
   float* global_scores = nullptr;  // [heads, max_tokens] whole-sequence scores (own allocation of a local scorer)
-  float* tmp = nullptr;            // [tasks, scratch_per_token<S> * max_tokens] scoring scratch, a slice per task
+  float* tmp = nullptr;            // [tasks, scratch_floats<S>(max_tokens)] scoring scratch, a slice per task
   float* mean_scores = nullptr;    // [max_tokens] head-mean scores (union)
   std::uint64_t* keys = nullptr;   // [select_slots] selection keys (per_head: one max_tokens slice per task)
   std::uint8_t* keep = nullptr;    // [select_slots] keep mask, per head for head_adaptive, per task for per_head
@@ -62,7 +62,7 @@ std::size_t layout(void* base, plan_workspace& w, std::int64_t heads, std::int64
                                                                         : L;
   c.carve(w.scores, H * L);
   c.carve(w.global_scores, separate_global_scores<S, A> ? H * L : 0);
-  c.carve(w.tmp, P * static_cast<std::size_t>(scratch_per_token<S>) * L);
+  c.carve(w.tmp, P * static_cast<std::size_t>(scratch_floats<S>(max_tokens)));
   c.carve(w.mean_scores, L);
   c.carve(w.keys, slots);
   c.carve(w.keep, slots);
