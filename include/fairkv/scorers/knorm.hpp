@@ -13,9 +13,10 @@ struct knorm {
 
   template <class Row>
   [[nodiscard]] FAIRKV_HOST_DEVICE float operator()(const Row& k, const token_info& /*where*/) const noexcept {
-    // Sixteen partial sums in a fixed order, then a fixed pairwise tree: one AVX-512 register, two AVX2 or four
-    // SSE registers without -ffast-math, and the same value on every host and the device. (Four scalar sums, as
-    // before, were vectorised by g++ 12 with -march=native into shuffles and scalar adds: 1.5x slower at 32k.)
+    // Sixteen partial sums, then a fixed pairwise tree: one AVX-512 register, two AVX2 or four SSE registers
+    // without -ffast-math, and one summation order on every host and the device (whether a multiply-add is fused
+    // is still the compiler's). Four scalar sums, as before, were vectorised by g++ 12 with -march=native into
+    // shuffles and scalar adds: 1.5x slower at 32k tokens.
     constexpr int lanes = 16;
     float s[lanes] = {};
     const std::int64_t n = k.size();
