@@ -2,8 +2,8 @@
 // (score.hpp's attention_row) reads every key once per query row: SnapKV's window of 16 queries x 4 query heads
 // reads a KV head's keys 64 times and runs at matrix-vector speed. Here up to gemm_rows query rows share one pass
 // over the keys, so the same logits are computed at matrix-matrix speed; the softmax and the accumulation that
-// follow are those of the row path (same statistic, summation order within a row aside: parity within float
-// rounding, not bit for bit).
+// follow are those of the row path (same statistic; the summation order within a row differs, and SnapKV sums a
+// group's windows before pooling them: parity within float rounding, not bit for bit).
 //
 // Only float keys and float queries with unit-stride rows take this path; other element types and strides keep
 // the row path (they convert element by element anyway).
