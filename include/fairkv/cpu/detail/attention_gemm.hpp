@@ -64,6 +64,10 @@ template <class KeySource, class Q>
 struct query_rows {
   const float* q;
   std::int64_t head_stride, row_stride, heads, per_head, last0, step;
+  // Row i of the flattened [heads, per_head] order.
+  [[nodiscard]] const float* row(std::int64_t i) const noexcept {
+    return q + (i / per_head) * head_stride + (i % per_head) * row_stride;
+  }
 };
 
 // Rows [i0, i0 + rows) of qr (rows <= gemm_rows) in one pass over the keys, one GEMM per block of gemm_keys
@@ -80,15 +84,11 @@ inline void add_attention_block(const kv_view<const float>& keys, std::int64_t b
   const std::int64_t j0 = i0 % qr.per_head;
   const std::int64_t j_last = j0 + rows - 1 >= qr.per_head ? qr.per_head - 1 : j0 + rows - 1;
   const std::int64_t n = qr.last0 + j_last * qr.step - rb + 1;  // columns: keys [rb, rb + n)
-  const float* q = qr.q + (i0 / qr.per_head) * qr.head_stride + j0 * qr.row_stride;
+  const float* q = qr.row(i0);
   std::int64_t q_stride = qr.row_stride;
   if (j0 + rows > qr.per_head) {  // the block spans several heads
     float* gathered = logits + gemm_rows * n;
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t i = i0 + r;
-      const float* src = qr.q + (i / qr.per_head) * qr.head_stride + (i % qr.per_head) * qr.row_stride;
-      std::copy(src, src + d, gathered + r * d);
-    }
+    for (std::int64_t r = 0; r < rows; ++r) std::copy(qr.row(i0 + r), qr.row(i0 + r) + d, gathered + r * d);
     q = gathered;
     q_stride = d;
   }
