@@ -2,7 +2,7 @@
 // the row path is taken for keys whose head_dim is not contiguous, so the same cache laid out [head_dim][tokens]
 // scores through it. Whole sequences and segment-local regions; windows, GQA groups and their products (the rows
 // of one pass: a group's windows together) on both sides of gemm_rows, so passes start inside a head's window;
-// regions on both sides of gemm_keys; every attention scorer that reads queries.
+// regions on both sides of gemm_chunk; every attention scorer that reads queries.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -89,6 +89,19 @@ TEST_CASE("attention GEMM path: SnapKV equals the row path (windows and group x 
     }
 }
 
+TEST_CASE("attention GEMM path: every number of rows in a pass, 1 to gemm_rows + 1") {
+  // A pass pads its rows to whole packets (4, 8 or 16 lanes, the narrowest packet that holds few rows) and runs
+  // them in register tiles of up to 4 packets: each count exercises another padding and tile split. Lengths are not
+  // multiples of the tiles' key counts or of the chunks, and the windows' causal tails cross tiles and chunks.
+  std::uint32_t seed = 500;
+  for (std::int32_t w = 1; w <= static_cast<std::int32_t>(cpu::detail::gemm_rows) + 1; ++w) {
+    scorers::snapkv<64, 5> sc{};
+    sc.window = w;
+    const shape s{1, 1, 24, 101 + w};
+    check_paths_agree(sc, s, w, 0, s.tokens, ++seed);
+  }
+}
+
 TEST_CASE("attention GEMM path: TOVA equals the row path (groups below and above gemm_rows)") {
   std::uint32_t seed = 200;
   for (const shape& s : shapes) {
@@ -108,7 +121,7 @@ TEST_CASE("attention GEMM path: H2O from queries equals the row path") {
 }
 
 TEST_CASE("attention GEMM path: plans through cpu::plan use the larger scratch, serial and parallel alike") {
-  // The workspace query sizes the GEMM scratch; a plan over a region longer than gemm_keys, whose group's window
+  // The workspace query sizes the GEMM scratch; a plan over a region longer than gemm_chunk, whose group's window
   // rows (4 x 33) take more than one pass of gemm_rows, completes and keeps the window.
   const shape s{2, 4, 64, 400};
   two_layouts k(s, 7);

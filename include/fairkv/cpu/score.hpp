@@ -1,7 +1,8 @@
 // CPU scoring: every Scorer source (external scores are copied as they are), for one sequence and one scoring
 // region [rb, re) at a time. Attention from float queries over float keys with unit-stride rows is computed
-// gemm_rows query rows at a time as GEMMs (detail/attention_gemm.hpp); other element types and strides, and the
-// engine's own attention rows, one query row at a time. Either way O(gemm_rows x region) memory, never L x L.
+// gemm_rows query rows at a time as register-blocked matrix products (detail/attention_gemm.hpp); other element
+// types and strides, and the engine's own attention rows, one query row at a time. Either way O(gemm_rows x
+// region) memory, never L x L.
 #pragma once
 
 #include <Eigen/Core>
@@ -194,7 +195,7 @@ result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, 
     float* probs = tmp;         // [n]
     float* acc = tmp + n;       // [n]
     float* pooled = tmp + 2 * n;  // [n]
-    float* logits = tmp + 3 * n;  // [gemm_rows, n]
+    float* logits = tmp + 3 * n;  // a pass's scratch (detail/attention_gemm.hpp)
     const bool gemm = gemm_attention(in);
     if constexpr (S::source == score_source::window_attention) {
       // Scored keys [rb, rb + m), the window's rows [re - w, re) (detail/plan_front/attention_geometry.hpp).
