@@ -132,10 +132,11 @@ EIGEN_STRONG_INLINE void unroll(F&& f) {
 }
 
 // exp(x) for x <= 0: a logit minus its row's max. Cephes' polynomial (as in Eigen's pexp) on r = x - n ln 2, times
-// 2^n written straight into the exponent bits. x is clamped to -87, so 2^n stays a normal float and Eigen's
-// overflow-safe pldexp (a third of pexp's instructions) is not needed; below e^-87 (1.6e-38, under any probability a
-// float sum can hold next to the max's exp(0) = 1) it gives e^-87, not 0. NaN stays NaN (pmax returns its first
-// argument when one is NaN).
+// 2^n written straight into the exponent bits. x is clamped to -87, so 2^n stays a normal float and the
+// overflow-safe pldexp of Eigen's generic pexp (SSE, AVX2: a third of its instructions) is not needed; in a loop
+// over L1-resident packets this exp took 0.53x (SSE2), 0.60x (AVX2) and 0.87x (AVX-512, whose pexp is already
+// specialised) of pexp's time. Below e^-87 (1.6e-38, under any probability a float sum can hold next to the max's
+// exp(0) = 1) it gives e^-87, not 0. NaN stays NaN (pmax returns its first argument when one is NaN).
 template <class Packet>
 EIGEN_STRONG_INLINE Packet exp_nonpositive(const Packet& x) {
   if constexpr (lanes<Packet> == 1) {
