@@ -338,18 +338,20 @@ inline void attention_block(const kv_view<const float>& keys, std::int64_t b, st
   }
 
   // Each row's max M and sum S over the chunks; a chunk's exponentials times exp(m - M) / S are the probabilities.
-  // The chunk weights overwrite the chunk maxima (padding rows weigh 0).
+  // exp(m - M), then the chunk weights, overwrite the chunk maxima (padding rows weigh 0).
   for (std::int64_t j = 0; j < np; ++j) {
     Packet mx = masked, sum = zero;
     for (std::int64_t c = 0; c < chunks; ++c) mx = ei::pmax(mx, ei::ploadu<Packet>(stats + c * 2 * rp + j * W));
     for (std::int64_t c = 0; c < chunks; ++c) {
-      const float* m = stats + c * 2 * rp + j * W;
-      sum = ei::pmadd(ei::ploadu<Packet>(m + rp), exp_nonpositive(ei::psub(ei::ploadu<Packet>(m), mx)), sum);
+      float* m = stats + c * 2 * rp + j * W;
+      const Packet f = exp_nonpositive(ei::psub(ei::ploadu<Packet>(m), mx));
+      ei::pstoreu(m, f);
+      sum = ei::pmadd(ei::ploadu<Packet>(m + rp), f, sum);
     }
     const Packet inv = ei::pdiv(ei::pset1<Packet>(1.f), sum);
     for (std::int64_t c = 0; c < chunks; ++c) {
       float* m = stats + c * 2 * rp + j * W;
-      ei::pstoreu(m, ei::pmul(exp_nonpositive(ei::psub(ei::ploadu<Packet>(m), mx)), inv));
+      ei::pstoreu(m, ei::pmul(ei::ploadu<Packet>(m), inv));
     }
   }
   for (std::int64_t c = 0; c < chunks; ++c)
