@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "fairkv/fairkv.hpp"
@@ -149,6 +151,35 @@ TEST_CASE("attention GEMM path: TOVA equals the row path (groups below and above
     const std::int64_t L = s.tokens;
     check_paths_agree(scorers::tova{}, s, 1, 0, L, ++seed);
     if (L > 20) check_paths_agree(scorers::tova{}, s, L, L / 3, L - 7, ++seed);
+  }
+}
+
+TEST_CASE("attention GEMM path: TOVA's heads scored in any order give the serial scores bit for bit") {
+  // The planner's parallel tasks run score_region_head for their heads in any order, then finish_region sums the
+  // heads' rows on the caller: the scores must be score_region's (serial), float for float.
+  std::uint32_t seed = 250;
+  for (const shape& s : shapes) {
+    if (s.heads < 2) continue;
+    two_layouts k(s, ++seed);
+    const std::int64_t L = s.tokens, ld = L + 3;
+    std::vector<float> q = fairkv_test::random_floats(static_cast<std::size_t>(s.heads * s.group * L * s.head_dim),
+                                                      ++seed, -2.f, 2.f);
+    layer_inputs<kv_view<const float>> in{k.gemm_view};
+    in.queries = make_contiguous_view(q.data(), 1, s.heads * s.group, L, s.head_dim).as_const();
+    REQUIRE(cpu::detail::gemm_attention(in));
+    for (const auto& [rb, re] : {std::pair<std::int64_t, std::int64_t>{0, L}, {L / 3, L - 7}}) {
+      const auto scratch = static_cast<std::size_t>(cpu::detail::scratch_floats<scorers::tova>(re - rb));
+      std::vector<float> serial(static_cast<std::size_t>(s.heads * ld), -7.f), tasks = serial, tmp(scratch);
+      REQUIRE(cpu::detail::score_region(scorers::tova{}, in, 0, L, rb, re, serial.data(), ld, tmp.data()).ok());
+      for (std::int64_t h = s.heads - 1; h >= 0; --h) {
+        std::vector<float> own(scratch, 5.f);  // each task's scratch, not cleared
+        REQUIRE(cpu::detail::score_region_head(scorers::tova{}, in, 0, L, rb, re, h, tasks.data(), ld, own.data()).ok());
+      }
+      REQUIRE(cpu::detail::finish_region(scorers::tova{}, in, 0, L, rb, re, tasks.data(), ld, tmp.data()).ok());
+      INFO("heads " << s.heads << " group " << s.group << " d " << s.head_dim << " L " << L << " region [" << rb << ", "
+                    << re << ")");
+      CHECK(std::memcmp(serial.data(), tasks.data(), serial.size() * sizeof(float)) == 0);
+    }
   }
 }
 

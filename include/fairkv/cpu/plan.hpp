@@ -34,8 +34,8 @@ namespace cpu {
 namespace detail {
 
 // Scores of regions [runs] (local) or [0, L) into dst. With several tasks the heads are scored in parallel, each
-// task with its own attention scratch, then the padding that needs every head (and TOVA, whose one statistic
-// serves all heads) follows on this thread: every float is computed by the same operations as serially.
+// task with its own attention scratch, then what needs every head follows on this thread (the padding, and TOVA's
+// sum over the heads' rows, or its whole row path): every float is computed by the same operations as serially.
 // H2O without queries or rows reads column sums: the local regions those accumulated per region
 // (layer_inputs::attention_local_column_sums), in the whole-sequence sums' place.
 template <class S, class KeySource, class Q, executor E>
@@ -48,7 +48,7 @@ template <class S, class KeySource, class Q, executor E>
   const auto begin_of = [&](std::int64_t r) { return local ? w.runs[r].begin : std::int64_t{0}; };
   const auto end_of = [&](std::int64_t r) { return local ? w.runs[r].end : s.L; };
   const std::int64_t tasks = w.tasks < heads ? w.tasks : heads;
-  if (tasks <= 1 || !scores_per_head<S>) {
+  if (tasks <= 1) {
     for (std::int64_t r = 0; r < n_regions; ++r)
       FAIRKV_TRY(score_region(scorer, in, s.b, s.L, begin_of(r), end_of(r), dst, ld, w.tmp));
     return {};

@@ -155,11 +155,6 @@ inline void pad_with_max_plus_one(float* scores, std::int64_t ld, std::int64_t h
       scores[h * ld + t] = fairkv::detail::raised_by(pad, static_cast<std::uint32_t>(t - scored_end));
 }
 
-// Whether a scorer's per-head work is independent (the planner may run heads as parallel tasks): TOVA's score is
-// one mean over every query head, the same for all KV heads, so it is computed once in finish_region.
-template <class S>
-inline constexpr bool scores_per_head = S::source != score_source::last_attention;
-
 // Scores of region [rb, re) of sequence b (length L) for KV head h: scores[h * ld + t], before the padding of the
 // window / anchor tokens (finish_region), which needs every head. Writes only row h; tmp must hold
 // scratch_floats<S>(re - rb) floats of this call's own.
@@ -187,7 +182,16 @@ result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, 
     }
     return {};
   } else if constexpr (S::source == score_source::last_attention) {
-    return {};  // finish_region
+    // TOVA's score is one mean over every query head. On the block path each KV head adds its group's attention into
+    // its own row of scores (so heads can be parallel tasks) and finish_region sums the rows in head order: the
+    // additions a single accumulator would make, in the same order. The row path runs whole in finish_region.
+    if (!gemm_attention(in)) return {};
+    const std::int64_t group = in.q_heads() / heads;
+    const float scale = in.scale != 0.f ? in.scale : 1.f / std::sqrt(static_cast<float>(in.keys.head_dim));
+    const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, 0, false, false).scored;
+    float* row = scores + h * ld + rb;
+    std::fill(row, row + m, 0.f);
+    return add_query_rows(in, b, L, h, h * group, 1, re - 1, group, false, rb, scale, row, m, tmp + 3 * n);
   } else {
     const std::int64_t qheads = in.q_heads();
     const std::int64_t group = qheads / heads;
@@ -258,7 +262,8 @@ result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, 
 }
 
 // What follows the per-head scores of region [rb, re): the padding of SnapKV's window with the maximum over every
-// head, and TOVA's whole statistic. tmp must hold scratch_floats<S>(re - rb) floats.
+// head, and TOVA's mean over the heads' rows (its whole statistic on the row path). tmp must hold
+// scratch_floats<S>(re - rb) floats.
 template <class S, class KeySource, class Q>
 result finish_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L,
                      std::int64_t rb, std::int64_t re, float* scores, std::int64_t ld, float* tmp) {
@@ -278,9 +283,9 @@ result finish_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std:
     // Keys [rb, re - 1) are scored, the anchor re - 1 is padded.
     const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, 0, false, false).scored;
     std::fill(acc, acc + m, 0.f);
-    if (gemm_attention(in)) {  // per KV head, its group's query heads at the last position
+    if (gemm_attention(in)) {  // each KV head's group, summed into its row by score_region_head
       for (std::int64_t h = 0; h < heads; ++h)
-        FAIRKV_TRY(add_query_rows(in, b, L, h, h * group, 1, re - 1, group, false, rb, scale, acc, m, tmp + 3 * n));
+        for (std::int64_t t = 0; t < m; ++t) acc[t] += scores[h * ld + rb + t];
     } else {
       for (std::int64_t qh = 0; qh < qheads; ++qh) {
         FAIRKV_TRY(attention_row(in, b, L, qh, group, re - 1, rb, scale, probs));

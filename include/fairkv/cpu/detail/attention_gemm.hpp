@@ -114,8 +114,9 @@ inline constexpr std::int64_t lanes = ei::unpacket_traits<Packet>::size;
 // element fit the register file (32 vector registers with AVX-512: 6 keys x 4 packets; 16 with AVX2: 4 x 3; SSE2:
 // 2 x 4). Each key element loaded feeds P multiply-adds and each query packet keys<P> of them, so the loads stay
 // below the multiply-adds. With 16 registers and a fused multiply-add (AVX2), 4 packets leave room for 2 keys only:
-// 8 accumulators do not hide the latency of two FMA ports, and 3 packets x 4 keys (12) scored SnapKV-16 27 % faster
-// (docs/benchmarks.md). Without an FMA (SSE2) each multiply-add needs a temporary, 3 x 4 spills, and 4 x 2 stays.
+// 8 accumulators do not hide the latency of two FMA ports; 3 packets x 4 keys (12) took SnapKV-16's scoring alone
+// from 8.2 to 6.0 ms at 4k, its plan + compact 10 % (docs/benchmarks.md). Without an FMA (SSE2) each multiply-add
+// needs a temporary, 3 x 4 spills, and 4 x 2 stays.
 #if defined(EIGEN_HAS_SINGLE_INSTRUCTION_MADD)
 inline constexpr int row_packets = EIGEN_ARCH_DEFAULT_NUMBER_OF_REGISTERS >= 32 ? 4 : 3;
 #else
