@@ -9,7 +9,7 @@ PY=${PYTHON:-python3}
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 
-apt_packages=(build-essential cmake libeigen3-dev doctest-dev libbenchmark-dev)
+apt_packages=(build-essential clang cmake libeigen3-dev doctest-dev libbenchmark-dev)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -34,10 +34,11 @@ struct basic_keep_plan_view {
   [[nodiscard]] constexpr basic_keep_plan_view<const std::int32_t> as_const() const noexcept {
     return {indices, counts, lengths, batch, heads, capacity};
   }
-  // Implicit so a plan just written can be handed to compaction as it is.
-  constexpr operator basic_keep_plan_view<const std::int32_t>() const noexcept  // NOLINT(google-explicit-constructor)
-    requires(!std::is_const_v<Index>)
-  {
+  // Implicit so a plan just written can be handed to compaction as it is. A template whose target names I, so nvcc
+  // (#554) does not see the const view converting to itself.
+  template <class I = Index>
+    requires(!std::is_const_v<I>)
+  constexpr operator basic_keep_plan_view<const I>() const noexcept {  // NOLINT(google-explicit-constructor)
     return as_const();
   }
 };

@@ -167,7 +167,8 @@ TEST_CASE("attention GEMM path: TOVA's heads scored in any order give the serial
     layer_inputs<kv_view<const float>> in{k.gemm_view};
     in.queries = make_contiguous_view(q.data(), 1, s.heads * s.group, L, s.head_dim).as_const();
     REQUIRE(cpu::detail::gemm_attention(in));
-    for (const auto& [rb, re] : {std::pair<std::int64_t, std::int64_t>{0, L}, {L / 3, L - 7}}) {
+    for (const auto& region : {std::pair<std::int64_t, std::int64_t>{0, L}, {L / 3, L - 7}}) {
+      const std::int64_t rb = region.first, re = region.second;
       const auto scratch = static_cast<std::size_t>(cpu::detail::scratch_floats<scorers::tova>(re - rb));
       std::vector<float> serial(static_cast<std::size_t>(s.heads * ld), -7.f), tasks = serial, tmp(scratch);
       REQUIRE(cpu::detail::score_region(scorers::tova{}, in, 0, L, rb, re, serial.data(), ld, tmp.data()).ok());

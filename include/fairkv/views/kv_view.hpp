@@ -43,10 +43,11 @@ struct kv_view {
   [[nodiscard]] constexpr kv_view<const value_type> as_const() const noexcept {
     return {data, batch, heads, tokens, head_dim, stride_batch, stride_head, stride_token, stride_dim};
   }
-  // T* -> const T* is implicit, so is this (a template, so nvcc does not warn about it for const T).
+  // T* -> const T* is implicit, so is this. A template whose target names U, so neither nvcc nor clang
+  // (-Wclass-conversion, on by default) sees kv_view<const T> converting to itself.
   template <class U = T>
     requires(!std::is_const_v<U>)
-  constexpr operator kv_view<const value_type>() const noexcept {  // NOLINT(google-explicit-constructor)
+  constexpr operator kv_view<const U>() const noexcept {  // NOLINT(google-explicit-constructor)
     return as_const();
   }
 };
