@@ -181,17 +181,6 @@ result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, 
                                     token_info{t, L, h, b});
     }
     return {};
-  } else if constexpr (S::source == score_source::last_attention) {
-    // TOVA's score is one mean over every query head. On the block path each KV head adds its group's attention into
-    // its own row of scores (so heads can be parallel tasks) and finish_region sums the rows in head order: the
-    // additions a single accumulator would make, in the same order. The row path runs whole in finish_region.
-    if (!gemm_attention(in)) return {};
-    const std::int64_t group = in.q_heads() / heads;
-    const float scale = in.scale != 0.f ? in.scale : 1.f / std::sqrt(static_cast<float>(in.keys.head_dim));
-    const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, 0, false, false).scored;
-    float* row = scores + h * ld + rb;
-    std::fill(row, row + m, 0.f);
-    return add_query_rows(in, b, L, h, h * group, 1, re - 1, group, false, rb, scale, row, m, tmp + 3 * n);
   } else {
     const std::int64_t qheads = in.q_heads();
     const std::int64_t group = qheads / heads;
@@ -201,7 +190,16 @@ result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, 
     float* pooled = tmp + 2 * n;  // [n]
     float* logits = tmp + 3 * n;  // a pass's scratch (detail/attention_gemm.hpp)
     const bool gemm = gemm_attention(in);
-    if constexpr (S::source == score_source::window_attention) {
+    if constexpr (S::source == score_source::last_attention) {
+      // TOVA's score is one mean over every query head. On the block path each KV head adds its group's attention
+      // into its own row of scores (so heads can be parallel tasks) and finish_region sums the rows in head order:
+      // the additions a single accumulator would make, in the same order. The row path runs whole in finish_region.
+      if (!gemm) return {};
+      const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, 0, false, false).scored;
+      float* row = scores + h * ld + rb;
+      std::fill(row, row + m, 0.f);
+      return add_query_rows(in, b, L, h, h * group, 1, re - 1, group, false, rb, scale, row, m, logits);
+    } else if constexpr (S::source == score_source::window_attention) {
       // Scored keys [rb, rb + m), the window's rows [re - w, re) (detail/plan_front/attention_geometry.hpp).
       const std::int64_t w = fairkv::detail::region_window(scorer, n);
       const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, w, false, false).scored;
