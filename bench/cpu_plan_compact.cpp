@@ -7,6 +7,8 @@
 // The attention scorers (SnapKV's window of 16, TOVA's last row) are also compared with a plain Eigen GEMM of the
 // shape of their logits (per KV head: its query heads' rows x head_dim times the keys), measured in the same run:
 // their "GFLOP/s" counts only those logits' multiply-adds, so the two rates compare like with like.
+// Variants `#compiled` / `#avx2` / `#avx512` pin the attention tile (cpu/detail/cpu_isa.hpp): the compile flags'
+// tile and each wider one this CPU runs, dispatched at run time.
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Core>
@@ -140,9 +142,14 @@ const thread_executor& pool_of(int threads) {
   return threads == 1 ? one : two;
 }
 
-// threads 0: the serial overloads; 1 or 2: the executor overloads with that pool.
+// threads 0: the serial overloads; 1 or 2: the executor overloads with that pool. tile >= 0 pins the attention
+// tile (cpu_isa.hpp) for the run; -1 runs what dispatch picks.
 template <class S, class Sel, class A>
-void fairkv_policy(benchmark::State& state, S scorer, int threads) {
+void fairkv_policy(benchmark::State& state, S scorer, int threads, int tile = -1) {
+  struct pin {
+    explicit pin(int t) { fairkv::cpu::detail::pinned_isa.store(t); }
+    ~pin() { fairkv::cpu::detail::pinned_isa.store(-1); }
+  } pinned(tile);
   const std::int64_t L = state.range(0);
   layer& l = get_layer(L);
   using P = fairkv::policy<S, Sel, A>;
@@ -203,6 +210,30 @@ void add(const char* name, S scorer = {}, bool threaded = false) {
     const std::string full = threads == 0 ? std::string(name) : std::string(name) + "@" + std::to_string(threads) + "t";
     benchmark::RegisterBenchmark(full.c_str(),
                                  [scorer, threads](benchmark::State& st) { fairkv_policy<S, Sel, A>(st, scorer, threads); })
+        ->Arg(4096)
+        ->Arg(32768)
+        ->Unit(benchmark::kMillisecond);
+  }
+}
+
+const char* tile_name(fairkv::cpu::detail::cpu_isa isa) {
+  using fairkv::cpu::detail::cpu_isa;
+  return isa == cpu_isa::avx512 ? "avx512" : isa == cpu_isa::avx2 ? "avx2" : "compiled";
+}
+
+// name#compiled, name#avx2, name#avx512: the policy with each attention tile this build and CPU can run, pinned, so
+// the tiles compare with each other and with the baseline in one run (the dispatched one is `name` itself).
+template <class S, class Sel, class A>
+void add_tiles(const char* name) {
+  using fairkv::cpu::detail::cpu_isa;
+  for (const cpu_isa isa : {cpu_isa::compiled, cpu_isa::avx2, cpu_isa::avx512}) {
+    fairkv::cpu::detail::pinned_isa.store(static_cast<int>(isa));
+    const bool runs = fairkv::cpu::detail::active_isa() == isa;
+    fairkv::cpu::detail::pinned_isa.store(-1);
+    if (isa != cpu_isa::compiled && (!runs || isa <= fairkv::cpu::detail::compiled_isa)) continue;
+    const std::string full = std::string(name) + "#" + tile_name(isa);
+    benchmark::RegisterBenchmark(full.c_str(),
+                                 [isa](benchmark::State& st) { fairkv_policy<S, Sel, A>(st, S{}, 0, static_cast<int>(isa)); })
         ->Arg(4096)
         ->Arg(32768)
         ->Unit(benchmark::kMillisecond);
@@ -278,6 +309,8 @@ void register_all() {
   add<scorers::snapkv<16>, ph, allocators::whitelist>("snapkv16/whitelist");
   add<scorers::tova, ph, allocators::uniform>("tova/uniform", {}, true);
   add<scorers::tova, ph, allocators::whitelist>("tova/whitelist");
+  add_tiles<scorers::snapkv<16>, ph, allocators::uniform>("snapkv16/uniform");
+  add_tiles<scorers::tova, ph, allocators::uniform>("tova/uniform");
   add<scorers::h2o, ph, allocators::uniform>("h2o_colsum/uniform", {}, true);
   add<scorers::h2o, ph, allocators::whitelist>("h2o_colsum/whitelist");
 }
@@ -285,6 +318,8 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::printf("attention tile: %s (compile flags' tile: %s; FAIRKV_CPU_ISA caps it)\n",
+              tile_name(fairkv::cpu::detail::active_isa()), tile_name(fairkv::cpu::detail::compiled_isa));
   register_all();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

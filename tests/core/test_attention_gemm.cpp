@@ -2,7 +2,8 @@
 // the row path is taken for keys whose head_dim is not contiguous, so the same cache laid out [head_dim][tokens]
 // scores through it. Whole sequences and segment-local regions; windows, GQA groups and their products (the rows
 // of one pass: a group's windows together) on both sides of gemm_rows, so passes start inside a head's window;
-// regions on both sides of gemm_chunk; every attention scorer that reads queries.
+// regions on both sides of gemm_chunk; every attention scorer that reads queries. Each case runs once per tile the
+// CPU can run (the compile flags' tile and the AVX2 / AVX-512 tiles dispatched at run time, cpu_isa.hpp).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -15,6 +16,10 @@
 
 #include "fairkv/fairkv.hpp"
 #include "test_util.hpp"
+
+#if defined(__GNUC__)
+#pragma GCC diagnostic ignored "-Wignored-attributes"  // packet types as template arguments
+#endif
 
 namespace {
 
@@ -74,51 +79,126 @@ void check_paths_agree(const S& scorer, const shape& s, std::int64_t q_tokens, s
     }
 }
 
+// f() once per attention tile this CPU runs, each pinned in turn; the ones it cannot run are reported, not run.
+template <class F>
+void for_each_tile(F&& f) {
+  using cpu::detail::cpu_isa;
+  for (const cpu_isa isa : {cpu_isa::compiled, cpu_isa::avx2, cpu_isa::avx512}) {
+    cpu::detail::pinned_isa.store(static_cast<int>(isa));
+    const cpu_isa runs = cpu::detail::active_isa();
+    if (isa != cpu_isa::compiled && runs != isa) {
+      MESSAGE("tile " << static_cast<int>(isa) << " not run: this build or CPU gives tile " << static_cast<int>(runs));
+      continue;
+    }
+    INFO("tile " << static_cast<int>(runs));
+    f();
+  }
+  cpu::detail::pinned_isa.store(-1);
+}
+
 const shape shapes[] = {{1, 1, 1, 3},     {2, 4, 64, 200}, {1, 20, 32, 150},
                         {3, 2, 256, 300}, {2, 17, 8, 129}, {1, 70, 16, 160}};
 
 }  // namespace
 
 TEST_CASE("attention GEMM path: SnapKV equals the row path (windows and group x window below and above gemm_rows)") {
-  std::uint32_t seed = 100;
-  for (const shape& s : shapes)
-    for (const std::int32_t w : {1, 5, 16, 40, 70}) {
-      scorers::snapkv<64, 5> sc{};
-      sc.window = w;
-      const std::int64_t L = s.tokens;
-      check_paths_agree(sc, s, std::min<std::int64_t>(L, w), 0, L, ++seed);
-      // A segment-local region: its window is its own last queries, which needs every query given.
-      if (L > 20) check_paths_agree(sc, s, L, L / 5, L - L / 4, ++seed);
-    }
+  for_each_tile([&] {
+    std::uint32_t seed = 100;
+    for (const shape& s : shapes)
+      for (const std::int32_t w : {1, 5, 16, 40, 70}) {
+        scorers::snapkv<64, 5> sc{};
+        sc.window = w;
+        const std::int64_t L = s.tokens;
+        check_paths_agree(sc, s, std::min<std::int64_t>(L, w), 0, L, ++seed);
+        // A segment-local region: its window is its own last queries, which needs every query given.
+        if (L > 20) check_paths_agree(sc, s, L, L / 5, L - L / 4, ++seed);
+      }
+  });
 }
 
 TEST_CASE("attention GEMM path: every number of rows in a pass, 1 to gemm_rows + 1") {
-  // A pass pads its rows to whole packets (4, 8 or 16 lanes, the narrowest packet that holds few rows) and runs
-  // them in register tiles of up to 4 packets: each count exercises another padding and tile split. Lengths are not
-  // multiples of the tiles' key counts or of the chunks, and the windows' causal tails cross tiles and chunks.
-  std::uint32_t seed = 500;
-  for (std::int32_t w = 1; w <= static_cast<std::int32_t>(cpu::detail::gemm_rows) + 1; ++w) {
-    scorers::snapkv<64, 5> sc{};
-    sc.window = w;
-    const shape s{1, 1, 24, 101 + w};
-    check_paths_agree(sc, s, w, 0, s.tokens, ++seed);
-  }
+  for_each_tile([&] {
+    // A pass pads its rows to whole packets (4, 8 or 16 lanes, the narrowest packet that holds few rows) and runs
+    // them in register tiles of up to 4 packets: each count exercises another padding and tile split. Lengths are not
+    // multiples of the tiles' key counts or of the chunks, and the windows' causal tails cross tiles and chunks.
+    std::uint32_t seed = 500;
+    for (std::int32_t w = 1; w <= static_cast<std::int32_t>(cpu::detail::gemm_rows) + 1; ++w) {
+      scorers::snapkv<64, 5> sc{};
+      sc.window = w;
+      const shape s{1, 1, 24, 101 + w};
+      check_paths_agree(sc, s, w, 0, s.tokens, ++seed);
+    }
+  });
 }
 
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wignored-attributes"  // packet types as template arguments
-#endif
+// exp_nonpositive of every tile's packets on W floats at a time: the compile flags' packets through Eigen, the
+// dispatched tiles' through wrappers compiled for their ISA (called only where the CPU runs it).
+using packet_fn = void (*)(const float*, float*);
+
 template <class Packet>
-void check_exp_nonpositive() {
-  namespace tile = cpu::detail::tile;
-  constexpr std::int64_t W = tile::lanes<Packet>;
-  float in[W], out[W];
+void eigen_exp(const float* in, float* out) {
+  Eigen::internal::pstoreu(out, cpu::detail::tile::exp_nonpositive(Eigen::internal::ploadu<Packet>(in)));
+}
+namespace tile = cpu::detail::tile;
+const packet_fn eigen_exp_full = eigen_exp<tile::full>, eigen_exp_half = eigen_exp<tile::half>,
+                eigen_exp_quarter = eigen_exp<tile::quarter>;
+
+#if defined(FAIRKV_ISA_DISPATCH)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+#endif
+namespace x86 = cpu::detail::x86;
+template <class Packet, class Tile>
+void x86_exp(const float* in, float* out) {
+  x86::pstoreu(out, Tile::exp(x86::ploadu<Packet>(in)));
+}
+#if defined(FAIRKV_TILE_AVX2)
+struct avx2_tile {
+  template <class P>
+  static P exp(P x) {
+    return cpu::detail::tile_avx2::exp_nonpositive(x);
+  }
+};
+#endif
+#if defined(FAIRKV_TILE_AVX512)
+struct avx512_tile {
+  template <class P>
+  static P exp(P x) {
+    return cpu::detail::tile_avx512::exp_nonpositive(x);
+  }
+};
+#endif
+// The x86 transposes against their definition (a permutation: exact).
+template <class Packet, int W>
+bool x86_transpose_exact() {
+  float in[W * W], out[W * W];
+  for (int i = 0; i < W * W; ++i) in[i] = static_cast<float>(i);
+  x86::PacketBlock<Packet, W> block;
+  for (int r = 0; r < W; ++r) block.packet[r] = x86::ploadu<Packet>(in + r * W);
+  x86::ptranspose(block);
+  for (int r = 0; r < W; ++r) x86::pstoreu(out + r * W, block.packet[r]);
+  for (int r = 0; r < W; ++r)
+    for (int c = 0; c < W; ++c)
+      if (out[r * W + c] != in[c * W + r]) return false;
+  return true;
+}
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
+
+void check_exp_nonpositive(std::int64_t W, packet_fn exp_packet) {
+  float in[16], out[16];
   double worst = 0;
   for (double x0 = -87.0; x0 <= 0.0; x0 += 1.37e-4) {
     for (std::int64_t i = 0; i < W; ++i)
       in[i] = static_cast<float>(std::min(0.0, x0 + 3.1e-5 * static_cast<double>(i)));
-    Eigen::internal::pstoreu(out, tile::exp_nonpositive(Eigen::internal::ploadu<Packet>(in)));
+    exp_packet(in, out);
     for (std::int64_t i = 0; i < W; ++i) {
       const double e = std::exp(static_cast<double>(in[i]));
       worst = std::max(worst, std::abs(static_cast<double>(out[i]) - e) / e);
@@ -128,30 +208,61 @@ void check_exp_nonpositive() {
   CHECK(worst < 5e-7);  // 1.2e-7 measured: within a few ulps of the correctly rounded value
   for (std::int64_t i = 0; i < W; ++i)
     in[i] = i % 3 == 0 ? std::numeric_limits<float>::quiet_NaN() : i % 3 == 1 ? -200.f : 0.f;
-  Eigen::internal::pstoreu(out, tile::exp_nonpositive(Eigen::internal::ploadu<Packet>(in)));
+  exp_packet(in, out);
   for (std::int64_t i = 0; i < W; ++i) {
     if (i % 3 == 0) CHECK(std::isnan(out[i]));  // a NaN logit stays NaN, as with std::exp
     if (i % 3 == 1) CHECK(out[i] <= 1.7e-38f);   // clamped at e^-87, under anything a row's sum can hold
     if (i % 3 == 2) CHECK(out[i] == 1.f);
   }
 }
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
 
 TEST_CASE("attention GEMM path: the softmax's exponential against std::exp on [-87, 0]") {
-  check_exp_nonpositive<cpu::detail::tile::full>();
-  check_exp_nonpositive<cpu::detail::tile::half>();
-  check_exp_nonpositive<cpu::detail::tile::quarter>();
+  check_exp_nonpositive(tile::lanes<tile::full>, eigen_exp_full);
+  check_exp_nonpositive(tile::lanes<tile::half>, eigen_exp_half);
+  check_exp_nonpositive(tile::lanes<tile::quarter>, eigen_exp_quarter);
+#if defined(FAIRKV_TILE_AVX2)
+  if (cpu::detail::detected_isa() >= cpu::detail::cpu_isa::avx2) {
+    check_exp_nonpositive(4, x86_exp<__m128, avx2_tile>);
+    check_exp_nonpositive(8, x86_exp<__m256, avx2_tile>);
+  } else {
+    MESSAGE("AVX2 exponential not run: the CPU has no AVX2 + FMA");
+  }
+#endif
+#if defined(FAIRKV_TILE_AVX512)
+  if (cpu::detail::detected_isa() >= cpu::detail::cpu_isa::avx512) {
+    check_exp_nonpositive(16, x86_exp<__m512, avx512_tile>);
+    check_exp_nonpositive(8, x86_exp<__m256, avx512_tile>);
+  } else {
+    MESSAGE("AVX-512 exponential not run: the CPU has no AVX-512F");
+  }
+#endif
 }
 
-TEST_CASE("attention GEMM path: TOVA equals the row path (groups below and above gemm_rows)") {
-  std::uint32_t seed = 200;
-  for (const shape& s : shapes) {
-    const std::int64_t L = s.tokens;
-    check_paths_agree(scorers::tova{}, s, 1, 0, L, ++seed);
-    if (L > 20) check_paths_agree(scorers::tova{}, s, L, L / 3, L - 7, ++seed);
+#if defined(FAIRKV_ISA_DISPATCH)
+TEST_CASE("attention GEMM path: the dispatched tiles' packet transposes") {
+  const cpu::detail::cpu_isa cpu = cpu::detail::detected_isa();
+  if (cpu >= cpu::detail::cpu_isa::avx2) {
+    CHECK(x86_transpose_exact<__m128, 4>());
+    CHECK(x86_transpose_exact<__m256, 8>());
+  } else {
+    MESSAGE("AVX2 transposes not run: the CPU has no AVX2 + FMA");
   }
+  if (cpu >= cpu::detail::cpu_isa::avx512)
+    CHECK(x86_transpose_exact<__m512, 16>());
+  else
+    MESSAGE("AVX-512 transpose not run: the CPU has no AVX-512F");
+}
+#endif
+
+TEST_CASE("attention GEMM path: TOVA equals the row path (groups below and above gemm_rows)") {
+  for_each_tile([&] {
+    std::uint32_t seed = 200;
+    for (const shape& s : shapes) {
+      const std::int64_t L = s.tokens;
+      check_paths_agree(scorers::tova{}, s, 1, 0, L, ++seed);
+      if (L > 20) check_paths_agree(scorers::tova{}, s, L, L / 3, L - 7, ++seed);
+    }
+  });
 }
 
 TEST_CASE("attention GEMM path: TOVA's heads scored in any order give the serial scores bit for bit") {
@@ -185,12 +296,14 @@ TEST_CASE("attention GEMM path: TOVA's heads scored in any order give the serial
 }
 
 TEST_CASE("attention GEMM path: H2O from queries equals the row path") {
-  std::uint32_t seed = 300;
-  for (const shape& s : shapes) {
-    const std::int64_t L = s.tokens;
-    check_paths_agree(scorers::h2o{}, s, L, 0, L, ++seed);
-    if (L > 20) check_paths_agree(scorers::h2o{}, s, L, L / 2, L, ++seed);
-  }
+  for_each_tile([&] {
+    std::uint32_t seed = 300;
+    for (const shape& s : shapes) {
+      const std::int64_t L = s.tokens;
+      check_paths_agree(scorers::h2o{}, s, L, 0, L, ++seed);
+      if (L > 20) check_paths_agree(scorers::h2o{}, s, L, L / 2, L, ++seed);
+    }
+  });
 }
 
 TEST_CASE("attention GEMM path: plans through cpu::plan use the larger scratch, serial and parallel alike") {

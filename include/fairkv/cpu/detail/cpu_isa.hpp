@@ -1,0 +1,72 @@
+// Which x86 vector kernels the attention scorers run (issue 17). fairkv is header-only, so its kernels are compiled
+// with the engine's flags, and most engines, Python extensions and distribution packages build for baseline x86-64
+// (SSE2): there SnapKV's scoring ran at a third of the speed the same CPU gives with AVX2 and a quarter of AVX-512's.
+// On x86-64 with GCC or clang the attention kernel is therefore also compiled for AVX2 + FMA and for AVX-512 (each
+// under its own target attribute, attention_gemm.hpp) and the widest one the CPU and the OS support runs; the
+// compiled flags' own kernel is the floor, so a -march=native build runs exactly what it ran before.
+//
+// FAIRKV_CPU_ISA in the environment caps the choice, read once per process: `avx512`, `avx2`, or `none` (only the
+// kernel of the compile flags). Defining FAIRKV_NO_ISA_DISPATCH before including fairkv removes the other kernels
+// altogether. nvcc, MSVC and non-x86 targets never dispatch.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include <Eigen/Core>
+
+#if !defined(FAIRKV_NO_ISA_DISPATCH) && !defined(__CUDACC__) && (defined(__GNUC__) || defined(__clang__)) && \
+    defined(__x86_64__)
+#define FAIRKV_ISA_DISPATCH 1
+#endif
+
+namespace fairkv::cpu::detail {
+
+enum class cpu_isa : int { compiled = 0, avx2 = 1, avx512 = 2 };
+
+// What the compile flags already give Eigen's packets: a dispatched kernel runs only where it is wider.
+inline constexpr cpu_isa compiled_isa =
+#if defined(EIGEN_VECTORIZE_AVX512)
+    cpu_isa::avx512;
+#elif defined(EIGEN_VECTORIZE_AVX2) && defined(EIGEN_VECTORIZE_FMA)
+    cpu_isa::avx2;
+#else
+    cpu_isa::compiled;
+#endif
+
+// The widest kernel this CPU and OS can run (libgcc's and compiler-rt's cpu checks include the OS's XSAVE state).
+[[nodiscard]] inline cpu_isa detected_isa() noexcept {
+#if defined(FAIRKV_ISA_DISPATCH)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return cpu_isa::avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return cpu_isa::avx2;
+#endif
+  return cpu_isa::compiled;
+}
+
+// FAIRKV_CPU_ISA's cap; unset or unrecognised: no cap.
+[[nodiscard]] inline cpu_isa requested_isa() noexcept {
+  const char* s = std::getenv("FAIRKV_CPU_ISA");  // NOLINT(concurrency-mt-unsafe): read once, below
+  if (s == nullptr) return cpu_isa::avx512;
+  if (std::strcmp(s, "none") == 0) return cpu_isa::compiled;
+  if (std::strcmp(s, "avx2") == 0) return cpu_isa::avx2;
+  return cpu_isa::avx512;
+}
+
+// Tests pin a kernel here (-1: none pinned); the pin is still capped by what the CPU supports.
+inline std::atomic<int> pinned_isa{-1};
+
+// The kernel the attention scorers run now.
+[[nodiscard]] inline cpu_isa active_isa() noexcept {
+  static const cpu_isa detected = detected_isa();
+  static const cpu_isa requested = requested_isa();
+  const int pin = pinned_isa.load(std::memory_order_relaxed);
+  const int cap = pin >= 0 ? pin : static_cast<int>(requested);
+  const int runnable = std::min(static_cast<int>(detected), cap);
+  return static_cast<cpu_isa>(std::max(runnable, static_cast<int>(compiled_isa)));
+}
+
+}  // namespace fairkv::cpu::detail
