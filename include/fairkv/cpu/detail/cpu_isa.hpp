@@ -17,8 +17,8 @@
 
 #include <Eigen/Core>
 
-#if !defined(FAIRKV_NO_ISA_DISPATCH) && !defined(__CUDACC__) && (defined(__GNUC__) || defined(__clang__)) && \
-    defined(__x86_64__)
+#if !defined(FAIRKV_NO_ISA_DISPATCH) && !defined(__CUDACC__) && !defined(_MSC_VER) && \
+    (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
 #define FAIRKV_ISA_DISPATCH 1
 #endif
 
