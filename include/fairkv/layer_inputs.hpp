@@ -3,6 +3,7 @@
 // engine already computed; for scorers::external, the caller's own scores.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -38,6 +39,10 @@ struct layer_inputs {
   // The query heads the backends work with: the queries' own count when they are given, else attention_q_heads.
   [[nodiscard]] constexpr std::int64_t q_heads() const noexcept {
     return queries.data != nullptr ? queries.heads : attention_q_heads;
+  }
+  // The scale every backend applies to the logits: `scale`, or 1 / sqrt(head_dim) where it is 0.
+  [[nodiscard]] float softmax_scale() const noexcept {
+    return scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(keys.head_dim));
   }
 };
 

@@ -184,7 +184,7 @@ result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, 
   } else {
     const std::int64_t qheads = in.q_heads();
     const std::int64_t group = qheads / heads;
-    const float scale = in.scale != 0.f ? in.scale : 1.f / std::sqrt(static_cast<float>(in.keys.head_dim));
+    const float scale = in.softmax_scale();
     float* probs = tmp;         // [n]
     float* acc = tmp + n;       // [n]
     float* pooled = tmp + 2 * n;  // [n]
@@ -275,7 +275,7 @@ result finish_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std:
   } else if constexpr (S::source == score_source::last_attention) {
     const std::int64_t qheads = in.q_heads();
     const std::int64_t group = qheads / heads;
-    const float scale = in.scale != 0.f ? in.scale : 1.f / std::sqrt(static_cast<float>(in.keys.head_dim));
+    const float scale = in.softmax_scale();
     float* probs = tmp;    // [n]
     float* acc = tmp + n;  // [n]
     // Keys [rb, re - 1) are scored, the anchor re - 1 is padded.

@@ -55,7 +55,7 @@ result score_paper(const S& scorer, const layer_inputs<KeySource, Q>& in, std::i
   } else {
     const std::int64_t qheads = in.q_heads();
     const std::int64_t group = qheads / heads;
-    const float scale = in.scale != 0.f ? in.scale : 1.f / std::sqrt(static_cast<float>(in.keys.head_dim));
+    const float scale = in.softmax_scale();
     float* probs = tmp;           // [L]
     float* acc = tmp + L;         // [L]
     float* pooled = tmp + 2 * L;  // [L]

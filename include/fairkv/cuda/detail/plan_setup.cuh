@@ -4,7 +4,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -91,7 +90,7 @@ template <class S, class A, class KeySource, class Q>
   a.n_regions = whole ? 1 : p.n_runs;
   a.q_heads = static_cast<std::int32_t>(in.q_heads());
   a.group = a.q_heads / p.heads;
-  a.scale = in.scale != 0.f ? in.scale : 1.f / std::sqrt(static_cast<float>(in.keys.head_dim));
+  a.scale = in.softmax_scale();
   a.from_queries = in.queries.data != nullptr;
   a.column_sums = !a.from_queries && in.attention == nullptr;
   a.local_sums = a.column_sums && !whole;
