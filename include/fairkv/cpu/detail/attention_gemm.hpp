@@ -15,6 +15,10 @@
 //
 // Only float keys and float queries with unit-stride rows take this path; other element types and strides keep
 // the row path (they convert element by element anyway).
+//
+// The tile itself is attention_tile.inc, included here once per ISA: over Eigen's packets for the compile flags, and
+// on x86-64 also for AVX2 and AVX-512 over simd_x86.hpp's packets; add_attention_block runs the widest the CPU
+// supports (cpu_isa.hpp).
 #pragma once
 
 #include <Eigen/Core>
