@@ -83,6 +83,9 @@ void check_paths_agree(const S& scorer, const shape& s, std::int64_t q_tokens, s
 template <class F>
 void for_each_tile(F&& f) {
   using cpu::detail::cpu_isa;
+  struct unpin {  // also when a failed REQUIRE leaves by an exception
+    ~unpin() { cpu::detail::pinned_isa.store(-1); }
+  } restore;
   for (const cpu_isa isa : {cpu_isa::compiled, cpu_isa::avx2, cpu_isa::avx512}) {
     cpu::detail::pinned_isa.store(static_cast<int>(isa));
     const cpu_isa runs = cpu::detail::active_isa();
@@ -93,7 +96,6 @@ void for_each_tile(F&& f) {
     INFO("tile " << static_cast<int>(runs));
     f();
   }
-  cpu::detail::pinned_isa.store(-1);
 }
 
 const shape shapes[] = {{1, 1, 1, 3},     {2, 4, 64, 200}, {1, 20, 32, 150},
