@@ -11,8 +11,6 @@
 
 #include <immintrin.h>
 
-#include <cstdint>
-
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wignored-attributes"  // intrinsic vector types as template arguments
