@@ -146,12 +146,7 @@ const packet_fn eigen_exp_full = eigen_exp<tile::full>, eigen_exp_half = eigen_e
                 eigen_exp_quarter = eigen_exp<tile::quarter>;
 
 #if defined(FAIRKV_ISA_DISPATCH)
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx2,fma")
-#endif
+FAIRKV_TARGET_PUSH(FAIRKV_TARGET_AVX512)
 namespace x86 = cpu::detail::x86;
 template <class Packet, class Tile>
 void x86_exp(const float* in, float* out) {
@@ -187,11 +182,7 @@ bool x86_transpose_exact() {
       if (out[r * W + c] != in[c * W + r]) return false;
   return true;
 }
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+FAIRKV_TARGET_POP
 #endif
 
 void check_exp_nonpositive(std::int64_t W, packet_fn exp_packet) {

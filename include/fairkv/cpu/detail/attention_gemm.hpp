@@ -127,17 +127,11 @@ inline constexpr bool fused_madd = false;
 #undef FAIRKV_TILE_INLINE
 #define FAIRKV_TILE_INLINE inline __attribute__((always_inline))
 
-// The same tile for the ISAs the compile flags do not reach (cpu_isa.hpp), each under its target attribute; the
-// lambdas inside are functions too, so the attribute is given to every function of the region, not to each.
+// The same tile for the ISAs the compile flags do not reach (cpu_isa.hpp), each in its target region.
 // FAIRKV_TILE_AVX2 / FAIRKV_TILE_AVX512 say which of them this translation unit has.
 #if !defined(EIGEN_VECTORIZE_AVX2) || !defined(EIGEN_VECTORIZE_FMA)
 #define FAIRKV_TILE_AVX2 1
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+FAIRKV_TARGET_PUSH(FAIRKV_TARGET_AVX2)
 namespace tile_avx2 {
 using namespace x86;
 using full = __m256;
@@ -145,21 +139,12 @@ inline constexpr int registers = 16;
 inline constexpr bool fused_madd = true;
 #include "fairkv/cpu/detail/attention_tile.inc"
 }  // namespace tile_avx2
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+FAIRKV_TARGET_POP
 #endif
 
 #if !defined(EIGEN_VECTORIZE_AVX512)
 #define FAIRKV_TILE_AVX512 1
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx2,fma")
-#endif
+FAIRKV_TARGET_PUSH(FAIRKV_TARGET_AVX512)
 namespace tile_avx512 {
 using namespace x86;
 using full = __m512;
@@ -167,11 +152,7 @@ inline constexpr int registers = 32;
 inline constexpr bool fused_madd = true;
 #include "fairkv/cpu/detail/attention_tile.inc"
 }  // namespace tile_avx512
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+FAIRKV_TARGET_POP
 #endif
 #endif  // FAIRKV_ISA_DISPATCH
 

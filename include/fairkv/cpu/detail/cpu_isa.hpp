@@ -22,6 +22,22 @@
 #define FAIRKV_ISA_DISPATCH 1
 #endif
 
+#if defined(FAIRKV_ISA_DISPATCH)
+// The targets of the dispatched kernels, and a region of code compiled for one of them: every function between
+// FAIRKV_TARGET_PUSH(t) and FAIRKV_TARGET_POP, lambdas included (they are functions too and would not inherit an
+// enclosing function's target attribute).
+#define FAIRKV_TARGET_AVX2 "avx2,fma"
+#define FAIRKV_TARGET_AVX512 "avx512f,avx2,fma"
+#define FAIRKV_PRAGMA(...) _Pragma(#__VA_ARGS__)
+#if defined(__clang__)
+#define FAIRKV_TARGET_PUSH(t) FAIRKV_PRAGMA(clang attribute push(__attribute__((target(t))), apply_to = function))
+#define FAIRKV_TARGET_POP FAIRKV_PRAGMA(clang attribute pop)
+#else
+#define FAIRKV_TARGET_PUSH(t) FAIRKV_PRAGMA(GCC push_options) FAIRKV_PRAGMA(GCC target(t))
+#define FAIRKV_TARGET_POP FAIRKV_PRAGMA(GCC pop_options)
+#endif
+#endif
+
 namespace fairkv::cpu::detail {
 
 enum class cpu_isa : int { compiled = 0, avx2 = 1, avx512 = 2 };

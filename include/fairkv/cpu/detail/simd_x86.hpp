@@ -36,12 +36,7 @@ To preinterpret(const From& x);
 #define FAIRKV_X86_INLINE inline __attribute__((always_inline))
 
 // ---- 128 and 256 bits: AVX2 + FMA ----
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+FAIRKV_TARGET_PUSH(FAIRKV_TARGET_AVX2)
 
 template <>
 struct unpacket_traits<__m128> {
@@ -148,19 +143,10 @@ FAIRKV_X86_INLINE void ptranspose(PacketBlock<__m256, 8>& b) {
   }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+FAIRKV_TARGET_POP
 
 // ---- 512 bits: AVX-512F ----
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx2,fma")
-#endif
+FAIRKV_TARGET_PUSH(FAIRKV_TARGET_AVX512)
 
 // GCC 12's plain AVX-512 intrinsics start from _mm512_undefined_*(), which -Wall reports as uninitialised wherever
 // they are inlined (a false positive, in the engine's code too); their merge-masked forms with every lane selected
@@ -240,11 +226,7 @@ FAIRKV_X86_INLINE void ptranspose(PacketBlock<__m512, 16>& b) {
   }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+FAIRKV_TARGET_POP
 
 #undef FAIRKV_X86_INLINE
 
