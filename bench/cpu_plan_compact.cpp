@@ -319,7 +319,8 @@ void register_all() {
 
 int main(int argc, char** argv) {
   std::printf("attention tile: %s (compile flags' tile: %s; FAIRKV_CPU_ISA caps it)\n",
-              tile_name(fairkv::cpu::detail::active_isa()), tile_name(fairkv::cpu::detail::compiled_isa));
+              std::string(fairkv::cpu::attention_kernel_isa()).c_str(),
+              fairkv::cpu::detail::isa_name(fairkv::cpu::detail::cpu_isa::compiled));
   register_all();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -13,6 +13,7 @@
 #include "fairkv/budget.hpp"
 #include "fairkv/cpu/compact.hpp"
 #include "fairkv/cpu/executor.hpp"
+#include "fairkv/cpu/kernel_isa.hpp"
 #include "fairkv/cpu/plan.hpp"
 #include "fairkv/cpu/rerotate.hpp"
 #include "fairkv/dispatch.hpp"

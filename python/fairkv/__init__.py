@@ -21,7 +21,7 @@ from typing import Any, Iterable, Optional, Sequence, Tuple
 from ._fairkv import Error, Plan
 from . import _fairkv
 
-__all__ = ["Error", "Plan", "plan", "compact", "SCORERS", "SELECTORS", "ALLOCATORS"]
+__all__ = ["Error", "Plan", "plan", "compact", "attention_kernel_isa", "SCORERS", "SELECTORS", "ALLOCATORS"]
 
 #: Names accepted for ``scorer``, ``selector`` and ``allocator`` (those of the C++ ``fairkv::dispatch``).
 SCORERS = ("knorm", "streaming_llm", "snapkv", "tova", "h2o", "external")
@@ -111,3 +111,13 @@ def compact(plan: Plan, keys: Any, values: Any) -> None:
             mismatch; nothing was written then.
     """
     _fairkv.compact(plan, keys, values)
+
+
+def attention_kernel_isa() -> str:
+    """The instruction set the attention scorers (snapkv, tova, h2o from queries) run in this process.
+
+    ``"avx512"`` or ``"avx2"`` where the CPU has them, whatever flags built the module; otherwise the build's own
+    vector extension (``"sse2"`` for a default x86-64 build). The environment variable ``FAIRKV_CPU_ISA``
+    (``avx512``, ``avx2`` or ``none``; any other value means ``none``), read once per process, caps it.
+    """
+    return _fairkv.attention_kernel_isa()

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "fairkv/cpu/compact.hpp"
+#include "fairkv/cpu/kernel_isa.hpp"
 #include "request.hpp"
 
 namespace nb = nanobind;
@@ -363,4 +364,7 @@ NB_MODULE(_fairkv, m) {
         "n_sink"_a = 4, "sinks"_a = nb::none(), "boundary"_a = 0, "debias_lambda"_a = 1.0f,
         "alpha_safeguard"_a = 0.2f, "scale"_a = 0.0f, "Plans one layer (see fairkv.plan).");
   m.def("compact", &compact, "plan"_a, "keys"_a, "values"_a, "Compacts keys and values in place (see fairkv.compact).");
+  m.def(
+      "attention_kernel_isa", [] { return std::string(fairkv::cpu::attention_kernel_isa()); },
+      "The instruction set the attention scorers run (see fairkv.attention_kernel_isa).");
 }

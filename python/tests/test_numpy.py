@@ -1,6 +1,9 @@
 """fairkv.plan / fairkv.compact over numpy arrays, against independent numpy references."""
 
 import gc
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -248,3 +251,22 @@ def test_plans_from_several_threads_agree_with_serial_ones():
         t.join()
     for a, b in zip(serial, results):
         np.testing.assert_array_equal(a, b)
+
+
+def test_attention_kernel_isa_follows_the_fairkv_cpu_isa_cap():
+    # Read once per process, so each cap gets its own interpreter.
+    def isa(cap):
+        env = {k: v for k, v in os.environ.items() if k != "FAIRKV_CPU_ISA"}
+        if cap is not None:
+            env["FAIRKV_CPU_ISA"] = cap
+        out = subprocess.run([sys.executable, "-c", "import fairkv; print(fairkv.attention_kernel_isa())"],
+                             env=env, check=True, capture_output=True, text=True)
+        return out.stdout.strip()
+
+    floor, avx2, full, typo = isa("none"), isa("avx2"), isa(None), isa("avx-2")
+    dispatched = ("avx2", "avx512")
+    assert fairkv.attention_kernel_isa() == full
+    assert typo == floor  # a value that is none of the names caps like `none`
+    if floor not in dispatched:  # the module's own flags are below AVX2 (a default x86-64 build)
+        assert avx2 in (floor, "avx2")  # avx2 where the CPU has it, never avx512
+        assert full in (avx2, "avx512")

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -90,10 +91,11 @@ void for_each_tile(F&& f) {
     cpu::detail::pinned_isa.store(static_cast<int>(isa));
     const cpu_isa runs = cpu::detail::active_isa();
     if (isa != cpu_isa::compiled && runs != isa) {
-      MESSAGE("tile " << static_cast<int>(isa) << " not run: this build or CPU gives tile " << static_cast<int>(runs));
+      MESSAGE("tile " << cpu::detail::isa_name(isa) << " not run: this build or CPU gives tile "
+                      << cpu::detail::isa_name(runs));
       continue;
     }
-    INFO("tile " << static_cast<int>(runs));
+    INFO("tile " << cpu::detail::isa_name(runs));
     f();
   }
 }
@@ -246,6 +248,47 @@ TEST_CASE("attention GEMM path: the dispatched tiles' packet transposes") {
     MESSAGE("AVX-512 transpose not run: the CPU has no AVX-512F");
 }
 #endif
+
+TEST_CASE("attention GEMM path: FAIRKV_CPU_ISA's values, and the kernel a pin or cap leaves running") {
+  using cpu::detail::cpu_isa, cpu::detail::parse_isa_cap;
+  CHECK(parse_isa_cap(nullptr) == cpu_isa::avx512);  // unset: no cap
+  CHECK(parse_isa_cap("") == cpu_isa::avx512);
+  CHECK(parse_isa_cap("avx512") == cpu_isa::avx512);
+  CHECK(parse_isa_cap("AVX512") == cpu_isa::avx512);
+  CHECK(parse_isa_cap("avx2") == cpu_isa::avx2);
+  CHECK(parse_isa_cap("Avx2") == cpu_isa::avx2);
+  CHECK(parse_isa_cap("none") == cpu_isa::compiled);
+  // Anything else caps at the flags' kernel: a typo never widens what runs.
+  for (const char* typo : {"avx", "avx-512", "avx512f", "avx2 ", "avx22", "sse2", "yes", "1"})
+    CHECK_MESSAGE(parse_isa_cap(typo) == cpu_isa::compiled, typo);
+
+  // Unpinned, the process's own FAIRKV_CPU_ISA caps what runs (ctest runs this case under several values).
+  const cpu_isa detected = cpu::detail::detected_isa();
+  const char* env = std::getenv("FAIRKV_CPU_ISA");  // NOLINT(concurrency-mt-unsafe): no thread sets it
+  INFO("FAIRKV_CPU_ISA=" << (env != nullptr ? env : "(unset)"));
+  CHECK(cpu::detail::active_isa() ==
+        std::max(std::min(parse_isa_cap(env), detected), cpu::detail::compiled_isa));
+  CHECK(cpu::attention_kernel_isa() == cpu::detail::isa_name(cpu::detail::active_isa()));
+
+  // The public name follows a pin, within what the CPU and the flags give.
+  struct unpin {
+    ~unpin() { cpu::detail::pinned_isa.store(-1); }
+  } restore;
+  for (const cpu_isa pin : {cpu_isa::compiled, cpu_isa::avx2, cpu_isa::avx512}) {
+    cpu::detail::pinned_isa.store(static_cast<int>(pin));
+    const cpu_isa runs = cpu::detail::active_isa();
+    CHECK(runs >= cpu::detail::compiled_isa);
+    CHECK(runs <= std::max(std::min(pin, detected), cpu::detail::compiled_isa));
+    CHECK(cpu::attention_kernel_isa() == cpu::detail::isa_name(runs));
+  }
+#if defined(FAIRKV_ISA_DISPATCH)
+  cpu::detail::pinned_isa.store(static_cast<int>(cpu_isa::avx512));
+  if (detected == cpu_isa::avx512) CHECK(cpu::attention_kernel_isa() == "avx512");
+  cpu::detail::pinned_isa.store(static_cast<int>(cpu_isa::avx2));
+  if (detected >= cpu_isa::avx2 && cpu::detail::compiled_isa <= cpu_isa::avx2)
+    CHECK(cpu::attention_kernel_isa() == "avx2");
+#endif
+}
 
 TEST_CASE("attention GEMM path: TOVA equals the row path (groups below and above gemm_rows)") {
   for_each_tile([&] {

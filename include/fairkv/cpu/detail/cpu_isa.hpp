@@ -6,14 +6,16 @@
 // compiled flags' own kernel is the floor, so a -march=native build runs exactly what it ran before.
 //
 // FAIRKV_CPU_ISA in the environment caps the choice, read once per process: `avx512`, `avx2`, or `none` (only the
-// kernel of the compile flags). Defining FAIRKV_NO_ISA_DISPATCH before including fairkv removes the other kernels
+// kernel of the compile flags; also what any other value means). fairkv::cpu::attention_kernel_isa() says which
+// kernel runs. Defining FAIRKV_NO_ISA_DISPATCH before including fairkv removes the other kernels
 // altogether. nvcc, MSVC and non-x86 targets never dispatch.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cstddef>
 #include <cstdlib>
-#include <cstring>
 
 #include <Eigen/Core>
 
@@ -63,13 +65,23 @@ inline constexpr cpu_isa compiled_isa =
   return cpu_isa::compiled;
 }
 
-// FAIRKV_CPU_ISA's cap; unset or unrecognised: no cap.
+// A FAIRKV_CPU_ISA value as a cap, case-insensitive: unset or empty, no cap; `avx512`, `avx2`, `none`; anything
+// else is read as `none`, so a mistyped cap never runs a wider kernel than the one asked for.
+[[nodiscard]] inline cpu_isa parse_isa_cap(const char* s) noexcept {
+  if (s == nullptr || *s == '\0') return cpu_isa::avx512;
+  const auto is = [s](const char* name) {
+    std::size_t i = 0;
+    for (; s[i] != '\0' && name[i] != '\0'; ++i)
+      if (std::tolower(static_cast<unsigned char>(s[i])) != name[i]) return false;
+    return s[i] == '\0' && name[i] == '\0';
+  };
+  if (is("avx512")) return cpu_isa::avx512;
+  if (is("avx2")) return cpu_isa::avx2;
+  return cpu_isa::compiled;
+}
+
 [[nodiscard]] inline cpu_isa requested_isa() noexcept {
-  const char* s = std::getenv("FAIRKV_CPU_ISA");  // NOLINT(concurrency-mt-unsafe): read once, below
-  if (s == nullptr) return cpu_isa::avx512;
-  if (std::strcmp(s, "none") == 0) return cpu_isa::compiled;
-  if (std::strcmp(s, "avx2") == 0) return cpu_isa::avx2;
-  return cpu_isa::avx512;
+  return parse_isa_cap(std::getenv("FAIRKV_CPU_ISA"));  // NOLINT(concurrency-mt-unsafe): read once, below
 }
 
 // Tests pin a kernel here (-1: none pinned); the pin is still capped by what the CPU supports.
@@ -83,6 +95,29 @@ inline std::atomic<int> pinned_isa{-1};
   const int cap = pin >= 0 ? pin : static_cast<int>(requested);
   const int runnable = std::min(static_cast<int>(detected), cap);
   return static_cast<cpu_isa>(std::max(runnable, static_cast<int>(compiled_isa)));
+}
+
+// What a kernel runs, by name: the dispatched ones by their ISA, the flags' own by the widest vector extension Eigen
+// was compiled for.
+[[nodiscard]] constexpr const char* isa_name(cpu_isa isa) noexcept {
+  switch (isa) {
+    case cpu_isa::avx512: return "avx512";
+    case cpu_isa::avx2: return "avx2";
+    default: break;
+  }
+#if defined(EIGEN_VECTORIZE_AVX512)
+  return "avx512";
+#elif defined(EIGEN_VECTORIZE_AVX)
+  return "avx";
+#elif defined(EIGEN_VECTORIZE_SSE2)
+  return "sse2";
+#elif defined(EIGEN_VECTORIZE_NEON)
+  return "neon";
+#elif defined(EIGEN_VECTORIZE)
+  return "simd";
+#else
+  return "scalar";
+#endif
 }
 
 }  // namespace fairkv::cpu::detail
