@@ -30,13 +30,13 @@ phase python
 
 # Once more under AddressSanitizer + UndefinedBehaviorSanitizer, CPU only, in its own build folder: engine views are
 # hostile input (issue 10), and the misuse suite and view fuzz of the core tests size their buffers exactly, so any
-# access outside a view is an error here. Only the two test programs are built, with line tables only (-g1: enough
-# for the sanitizers' stack traces) and the core tests at -O1 (the runner's targets add their own -O3): at -O2 -g
-# this build took 33 minutes of a 69-minute fresh-clone run of this script, at -O1 -g1 16 of 51 (2026-12-05, 2
-# cores). The runner's model-heavy cases take minutes each under ASan (two over 6 minutes), so
-# they are left to the Release run above; the rest (GGUF parsing and corruption, quantisation, tokenizer, chat,
-# model types, thread pool, and the lighter forward/runner cases that fill and compress a real cache) run in about
-# 4 minutes on 2 idle cores (430 CPU-seconds), the core tests in under a minute. The prefill-statistics test keeps its prefill and score comparison
+# access outside a view is an error here. Only the two test programs are built, with line tables only (-g1: enough for
+# the sanitizers' stack traces) and the core tests at -O1 (the runner's targets add their own -O3): at -O2 -g this
+# build took 33 minutes of a 69-minute fresh-clone run of this script, at -O1 -g1 16 of 51 (2026-12-05, 2 cores). The
+# runner's model-heavy cases take minutes each under ASan (two over 6 minutes), so they are left to the Release run
+# above; the rest (GGUF parsing and corruption, quantisation, tokenizer, chat, model types, thread pool, and the
+# lighter forward/runner cases that fill and compress a real cache) run in about 4 minutes on 2 idle cores (430
+# CPU-seconds), the core tests in under a minute. The prefill-statistics test keeps its prefill and score comparison
 # (the statistics' writes are checked) and leaves its 36-configuration plan comparison to the Release run.
 ASAN_BUILD=${FAIRKV_ASAN_BUILD_DIR:-build-asan}
 cmake -S . -B "$ASAN_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
