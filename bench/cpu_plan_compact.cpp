@@ -216,9 +216,10 @@ void add(const char* name, S scorer = {}, bool threaded = false) {
   }
 }
 
+// The benchmark label of a pinned tile: the flags' own is `compiled` whatever extension it is, so the labels in
+// docs/benchmarks.md stay the same across builds.
 const char* tile_name(fairkv::cpu::detail::cpu_isa isa) {
-  using fairkv::cpu::detail::cpu_isa;
-  return isa == cpu_isa::avx512 ? "avx512" : isa == cpu_isa::avx2 ? "avx2" : "compiled";
+  return isa == fairkv::cpu::detail::cpu_isa::compiled ? "compiled" : fairkv::cpu::detail::isa_name(isa);
 }
 
 // name#compiled, name#avx2, name#avx512: the policy with each attention tile this build and CPU can run, pinned, so

@@ -80,13 +80,19 @@ void check_paths_agree(const S& scorer, const shape& s, std::int64_t q_tokens, s
     }
 }
 
+// Unpins the attention tile when the scope ends, also when a failed REQUIRE leaves it by an exception.
+struct unpin_tile_at_exit {
+  unpin_tile_at_exit() = default;
+  unpin_tile_at_exit(const unpin_tile_at_exit&) = delete;
+  unpin_tile_at_exit& operator=(const unpin_tile_at_exit&) = delete;
+  ~unpin_tile_at_exit() { cpu::detail::pinned_isa.store(-1); }
+};
+
 // f() once per attention tile this CPU runs, each pinned in turn; the ones it cannot run are reported, not run.
 template <class F>
 void for_each_tile(F&& f) {
   using cpu::detail::cpu_isa;
-  struct unpin {  // also when a failed REQUIRE leaves by an exception
-    ~unpin() { cpu::detail::pinned_isa.store(-1); }
-  } restore;
+  const unpin_tile_at_exit restore;
   for (const cpu_isa isa : {cpu_isa::compiled, cpu_isa::avx2, cpu_isa::avx512}) {
     cpu::detail::pinned_isa.store(static_cast<int>(isa));
     const cpu_isa runs = cpu::detail::active_isa();
@@ -271,9 +277,7 @@ TEST_CASE("attention GEMM path: FAIRKV_CPU_ISA's values, and the kernel a pin or
   CHECK(cpu::attention_kernel_isa() == cpu::detail::isa_name(cpu::detail::active_isa()));
 
   // The public name follows a pin, within what the CPU and the flags give.
-  struct unpin {
-    ~unpin() { cpu::detail::pinned_isa.store(-1); }
-  } restore;
+  const unpin_tile_at_exit restore;
   for (const cpu_isa pin : {cpu_isa::compiled, cpu_isa::avx2, cpu_isa::avx512}) {
     cpu::detail::pinned_isa.store(static_cast<int>(pin));
     const cpu_isa runs = cpu::detail::active_isa();

@@ -7,8 +7,8 @@
 //
 // FAIRKV_CPU_ISA in the environment caps the choice, read once per process: `avx512`, `avx2`, or `none` (only the
 // kernel of the compile flags; also what any other value means). fairkv::cpu::attention_kernel_isa() says which
-// kernel runs. Defining FAIRKV_NO_ISA_DISPATCH before including fairkv removes the other kernels
-// altogether. nvcc, MSVC and non-x86 targets never dispatch.
+// kernel runs. Defining FAIRKV_NO_ISA_DISPATCH before including fairkv removes the other kernels altogether. nvcc,
+// MSVC and non-x86 targets never dispatch.
 #pragma once
 
 #include <algorithm>
