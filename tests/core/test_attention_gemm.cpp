@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -97,11 +98,12 @@ void for_each_tile(F&& f) {
     cpu::detail::pinned_isa.store(static_cast<int>(isa));
     const cpu_isa runs = cpu::detail::active_isa();
     if (isa != cpu_isa::compiled && runs != isa) {
-      MESSAGE("tile " << cpu::detail::isa_name(isa) << " not run: this build or CPU gives tile "
-                      << cpu::detail::isa_name(runs));
+      // (std::string: doctest prints a const char* as its address)
+      MESSAGE("tile " << std::string(cpu::detail::isa_name(isa)) << " not run: this build or CPU gives tile "
+                      << std::string(cpu::detail::isa_name(runs)));
       continue;
     }
-    INFO("tile " << cpu::detail::isa_name(runs));
+    INFO("tile " << std::string(cpu::detail::isa_name(runs)));
     f();
   }
 }
@@ -153,43 +155,23 @@ namespace tile = cpu::detail::tile;
 const packet_fn eigen_exp_full = eigen_exp<tile::full>, eigen_exp_half = eigen_exp<tile::half>,
                 eigen_exp_quarter = eigen_exp<tile::quarter>;
 
-#if defined(FAIRKV_ISA_DISPATCH)
-FAIRKV_TARGET_PUSH(FAIRKV_TARGET_AVX512)
-namespace x86 = cpu::detail::x86;
-template <class Packet, class Tile>
-void x86_exp(const float* in, float* out) {
-  x86::pstoreu(out, Tile::exp(x86::ploadu<Packet>(in)));
-}
+// The dispatched tiles' checks, each compiled in its own tile's target region (x86_tile_checks.inc).
 #if defined(FAIRKV_TILE_AVX2)
-struct avx2_tile {
-  template <class P>
-  static P exp(P x) {
-    return cpu::detail::tile_avx2::exp_nonpositive(x);
-  }
-};
+FAIRKV_TARGET_PUSH(FAIRKV_TARGET_AVX2)
+namespace avx2_checks {
+namespace tile_ns = cpu::detail::tile_avx2;
+namespace x86 = cpu::detail::x86;
+#include "x86_tile_checks.inc"
+}  // namespace avx2_checks
+FAIRKV_TARGET_POP
 #endif
 #if defined(FAIRKV_TILE_AVX512)
-struct avx512_tile {
-  template <class P>
-  static P exp(P x) {
-    return cpu::detail::tile_avx512::exp_nonpositive(x);
-  }
-};
-#endif
-// The x86 transposes against their definition (a permutation: exact).
-template <class Packet, int W>
-bool x86_transpose_exact() {
-  float in[W * W], out[W * W];
-  for (int i = 0; i < W * W; ++i) in[i] = static_cast<float>(i);
-  x86::PacketBlock<Packet, W> block;
-  for (int r = 0; r < W; ++r) block.packet[r] = x86::ploadu<Packet>(in + r * W);
-  x86::ptranspose(block);
-  for (int r = 0; r < W; ++r) x86::pstoreu(out + r * W, block.packet[r]);
-  for (int r = 0; r < W; ++r)
-    for (int c = 0; c < W; ++c)
-      if (out[r * W + c] != in[c * W + r]) return false;
-  return true;
-}
+FAIRKV_TARGET_PUSH(FAIRKV_TARGET_AVX512)
+namespace avx512_checks {
+namespace tile_ns = cpu::detail::tile_avx512;
+namespace x86 = cpu::detail::x86;
+#include "x86_tile_checks.inc"
+}  // namespace avx512_checks
 FAIRKV_TARGET_POP
 #endif
 
@@ -223,35 +205,43 @@ TEST_CASE("attention GEMM path: the softmax's exponential against std::exp on [-
   check_exp_nonpositive(tile::lanes<tile::quarter>, eigen_exp_quarter);
 #if defined(FAIRKV_TILE_AVX2)
   if (cpu::detail::detected_isa() >= cpu::detail::cpu_isa::avx2) {
-    check_exp_nonpositive(4, x86_exp<__m128, avx2_tile>);
-    check_exp_nonpositive(8, x86_exp<__m256, avx2_tile>);
+    check_exp_nonpositive(4, avx2_checks::exp_packet<__m128>);
+    check_exp_nonpositive(8, avx2_checks::exp_packet<__m256>);
   } else {
     MESSAGE("AVX2 exponential not run: the CPU has no AVX2 + FMA");
   }
 #endif
 #if defined(FAIRKV_TILE_AVX512)
   if (cpu::detail::detected_isa() >= cpu::detail::cpu_isa::avx512) {
-    check_exp_nonpositive(16, x86_exp<__m512, avx512_tile>);
-    check_exp_nonpositive(8, x86_exp<__m256, avx512_tile>);
+    check_exp_nonpositive(16, avx512_checks::exp_packet<__m512>);
+    check_exp_nonpositive(8, avx512_checks::exp_packet<__m256>);
+    check_exp_nonpositive(4, avx512_checks::exp_packet<__m128>);
   } else {
     MESSAGE("AVX-512 exponential not run: the CPU has no AVX-512F");
   }
 #endif
 }
 
-#if defined(FAIRKV_ISA_DISPATCH)
+#if defined(FAIRKV_TILE_AVX2) || defined(FAIRKV_TILE_AVX512)
 TEST_CASE("attention GEMM path: the dispatched tiles' packet transposes") {
   const cpu::detail::cpu_isa cpu = cpu::detail::detected_isa();
+#if defined(FAIRKV_TILE_AVX2)
   if (cpu >= cpu::detail::cpu_isa::avx2) {
-    CHECK(x86_transpose_exact<__m128, 4>());
-    CHECK(x86_transpose_exact<__m256, 8>());
+    CHECK(avx2_checks::transpose_exact<__m128, 4>());
+    CHECK(avx2_checks::transpose_exact<__m256, 8>());
   } else {
     MESSAGE("AVX2 transposes not run: the CPU has no AVX2 + FMA");
   }
-  if (cpu >= cpu::detail::cpu_isa::avx512)
-    CHECK(x86_transpose_exact<__m512, 16>());
-  else
-    MESSAGE("AVX-512 transpose not run: the CPU has no AVX-512F");
+#endif
+#if defined(FAIRKV_TILE_AVX512)
+  if (cpu >= cpu::detail::cpu_isa::avx512) {
+    CHECK(avx512_checks::transpose_exact<__m512, 16>());
+    CHECK(avx512_checks::transpose_exact<__m256, 8>());
+    CHECK(avx512_checks::transpose_exact<__m128, 4>());
+  } else {
+    MESSAGE("AVX-512 transposes not run: the CPU has no AVX-512F");
+  }
+#endif
 }
 #endif
 
