@@ -8,7 +8,9 @@
 // shape of their logits (per KV head: its query heads' rows x head_dim times the keys), measured in the same run:
 // their "GFLOP/s" counts only those logits' multiply-adds, so the two rates compare like with like.
 // Variants `#compiled` / `#avx2` / `#avx512` pin the attention tile (cpu/detail/cpu_isa.hpp): the compile flags'
-// tile and each wider one this CPU runs, dispatched at run time.
+// tile and each wider one this CPU runs, dispatched at run time. `fma_peak#<tile>` measures one core's multiply-add
+// rate with each tile's ISA (fma_peak.inc); the summary prints what the logits alone would take at that rate, a floor
+// under any single-thread attention scorer of that ISA.
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Core>
@@ -23,6 +25,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "fairkv/fairkv.hpp"
@@ -135,6 +138,63 @@ void gemm_reference(benchmark::State& state, std::int64_t rows) {
   state.counters["GFLOP/s"] = benchmark::Counter(logit_flops(rows, L) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// One core's multiply-add peak per ISA (fma_peak.inc): the compile flags' packets through Eigen, and each dispatched
+// tile's ISA in its own target region.
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"  // packet types (__m512, ...) as template arguments
+#endif
+namespace peak_compiled {
+using Eigen::internal::pmadd, Eigen::internal::pset1, Eigen::internal::pstoreu, Eigen::internal::unpacket_traits;
+using full = Eigen::internal::packet_traits<float>::type;
+inline constexpr int registers = EIGEN_ARCH_DEFAULT_NUMBER_OF_REGISTERS;
+#include "fma_peak.inc"
+}  // namespace peak_compiled
+#if defined(FAIRKV_TILE_AVX2)
+FAIRKV_TARGET_PUSH(FAIRKV_TARGET_AVX2)
+namespace peak_avx2 {
+using namespace fairkv::cpu::detail::x86;
+using full = __m256;
+inline constexpr int registers = 16;
+#include "fma_peak.inc"
+}  // namespace peak_avx2
+FAIRKV_TARGET_POP
+#endif
+#if defined(FAIRKV_TILE_AVX512)
+FAIRKV_TARGET_PUSH(FAIRKV_TARGET_AVX512)
+namespace peak_avx512 {
+using namespace fairkv::cpu::detail::x86;
+using full = __m512;
+inline constexpr int registers = 32;
+#include "fma_peak.inc"
+}  // namespace peak_avx512
+FAIRKV_TARGET_POP
+#endif
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+void fma_peak(benchmark::State& state, fairkv::cpu::detail::cpu_isa isa) {
+  using fairkv::cpu::detail::cpu_isa;
+  float (*steps)(std::int64_t, float, float) = peak_compiled::peak_steps;
+  std::int64_t flops_per_step = peak_compiled::peak_flops_per_step;
+#if defined(FAIRKV_TILE_AVX2)
+  if (isa == cpu_isa::avx2) steps = peak_avx2::peak_steps, flops_per_step = peak_avx2::peak_flops_per_step;
+#endif
+#if defined(FAIRKV_TILE_AVX512)
+  if (isa == cpu_isa::avx512) steps = peak_avx512::peak_steps, flops_per_step = peak_avx512::peak_flops_per_step;
+#endif
+  constexpr std::int64_t n = std::int64_t{1} << 16;
+  float x = 0.999f, y = 1e-3f;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(x);  // the operands are not constants to the compiler
+    benchmark::DoNotOptimize(y);
+    benchmark::DoNotOptimize(steps(n, x, y));
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(n * flops_per_step) / 1e9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
 using fairkv_testing::thread_executor;
 
 const thread_executor& pool_of(int threads) {
@@ -222,16 +282,24 @@ const char* tile_name(fairkv::cpu::detail::cpu_isa isa) {
   return isa == fairkv::cpu::detail::cpu_isa::compiled ? "compiled" : fairkv::cpu::detail::isa_name(isa);
 }
 
-// name#compiled, name#avx2, name#avx512: the policy with each attention tile this build and CPU can run, pinned, so
-// the tiles compare with each other and with the baseline in one run (the dispatched one is `name` itself).
-template <class S, class Sel, class A>
-void add_tiles(const char* name) {
+// The attention tiles a pin can run in this build on this CPU: the flags' own, and each dispatched one wider than it.
+std::vector<fairkv::cpu::detail::cpu_isa> runnable_tiles() {
   using fairkv::cpu::detail::cpu_isa;
+  std::vector<cpu_isa> out;
   for (const cpu_isa isa : {cpu_isa::compiled, cpu_isa::avx2, cpu_isa::avx512}) {
     fairkv::cpu::detail::pinned_isa.store(static_cast<int>(isa));
     const bool runs = fairkv::cpu::detail::active_isa() == isa;
     fairkv::cpu::detail::pinned_isa.store(-1);
-    if (isa != cpu_isa::compiled && (!runs || isa <= fairkv::cpu::detail::compiled_isa)) continue;
+    if (isa == cpu_isa::compiled || (runs && isa > fairkv::cpu::detail::compiled_isa)) out.push_back(isa);
+  }
+  return out;
+}
+
+// name#compiled, name#avx2, name#avx512: the policy with each attention tile this build and CPU can run, pinned, so
+// the tiles compare with each other and with the baseline in one run (the dispatched one is `name` itself).
+template <class S, class Sel, class A>
+void add_tiles(const char* name) {
+  for (const auto isa : runnable_tiles()) {
     const std::string full = std::string(name) + "#" + tile_name(isa);
     benchmark::RegisterBenchmark(full.c_str(),
                                  [isa](benchmark::State& st) { fairkv_policy<S, Sel, A>(st, S{}, 0, static_cast<int>(isa)); })
@@ -253,6 +321,9 @@ class ratio_reporter : public benchmark::ConsoleReporter {
       if (aggregate && r.aggregate_name != "median") continue;
       if (!aggregate && r.repetitions > 1) continue;
       times_[r.run_name.str()] = r.GetAdjustedRealTime();
+      const std::string name = r.run_name.str();
+      const auto rate = r.counters.find("GFLOP/s");
+      if (name.rfind("fma_peak#", 0) == 0 && rate != r.counters.end()) peaks_[name.substr(9)] = rate->second.value;
     }
   }
   void Finalize() override {
@@ -277,21 +348,45 @@ class ratio_reporter : public benchmark::ConsoleReporter {
       const std::string arg = name.substr(name.rfind('/'));
       const auto base = times_.find("baseline_nth_element" + arg);
       const auto gemm = times_.find(std::string(snap ? "gemm_reference/snapkv16" : "gemm_reference/tova") + arg);
-      if (base == times_.end() || gemm == times_.end()) continue;
-      if (!header) std::printf("\nattention scorers, same run: x baseline; logits rate / same-shape GEMM's rate:\n");
+      if (base == times_.end()) continue;
+      if (!header)
+        std::printf("\nattention scorers, same run: x baseline; logits rate / same-shape GEMM's rate; what the logits "
+                    "alone take at the tile's FMA peak (fma_peak#tile), a floor on one thread:\n");
       header = true;
-      std::printf("  %-40s %8.3f ms  x%.2f of baseline  %5.1f%% of GEMM (GEMM %.3f ms)\n", name.c_str(), t,
-                  t / base->second, 100.0 * gemm->second / t, gemm->second);
+      std::printf("  %-40s %8.3f ms  x%.2f of baseline", name.c_str(), t, t / base->second);
+      if (gemm != times_.end()) std::printf("  %5.1f%% of GEMM (GEMM %.3f ms)", 100.0 * gemm->second / t, gemm->second);
+      std::printf("\n");
+      // The tile that ran: the pinned one after '#', else the one dispatch picks.
+      const std::size_t hash = name.find('#');
+      const std::string tile = hash == std::string::npos
+                                   ? tile_name(fairkv::cpu::detail::active_isa())
+                                   : name.substr(hash + 1, name.rfind('/') - hash - 1);
+      const auto peak = peaks_.find(tile);
+      if (peak == peaks_.end()) continue;
+      const double flops = logit_flops(snap ? kGroup * 16 : kGroup, std::stoll(arg.substr(1)));
+      const double at_peak_ms = flops / (peak->second * 1e9) * 1e3;
+      std::printf("      %s FMA peak %.1f GFLOP/s: the logits alone at it take x%.2f of baseline", tile.c_str(),
+                  peak->second, at_peak_ms / base->second);
+      // Plus what every policy pays after scoring: h2o_colsum's plan + compact, whose scores are read from column sums.
+      const auto rest = times_.find("h2o_colsum/uniform" + arg);
+      if (rest != times_.end())
+        std::printf(", with h2o_colsum's selection and compaction x%.2f", (at_peak_ms + rest->second) / base->second);
+      std::printf("; this plan + compact runs them at %.1f%% of it\n", 100.0 * at_peak_ms / t);
     }
   }
 
  private:
   std::map<std::string, double> times_;
+  std::map<std::string, double> peaks_;  // fma_peak's GFLOP/s by tile label
 };
 
 void register_all() {
   using namespace fairkv;
   using ph = selectors::per_head;
+  for (const auto isa : runnable_tiles())
+    benchmark::RegisterBenchmark((std::string("fma_peak#") + tile_name(isa)).c_str(),
+                                 [isa](benchmark::State& st) { fma_peak(st, isa); })
+        ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("baseline_nth_element", baseline_nth_element)->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond);
   add<scorers::knorm, ph, allocators::uniform>("knorm/uniform", {}, true);
   add<scorers::knorm, ph, allocators::whitelist>("knorm/whitelist");
