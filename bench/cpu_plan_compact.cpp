@@ -24,6 +24,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -320,10 +321,12 @@ class ratio_reporter : public benchmark::ConsoleReporter {
       const bool aggregate = r.run_type == Run::RT_Aggregate;
       if (aggregate && r.aggregate_name != "median") continue;
       if (!aggregate && r.repetitions > 1) continue;
-      times_[r.run_name.str()] = r.GetAdjustedRealTime();
       const std::string name = r.run_name.str();
+      times_[name] = r.GetAdjustedRealTime();
+      constexpr std::string_view peak_prefix = "fma_peak#";
       const auto rate = r.counters.find("GFLOP/s");
-      if (name.rfind("fma_peak#", 0) == 0 && rate != r.counters.end()) peaks_[name.substr(9)] = rate->second.value;
+      if (name.rfind(peak_prefix, 0) == 0 && rate != r.counters.end())
+        peaks_[name.substr(peak_prefix.size())] = rate->second.value;
     }
   }
   void Finalize() override {
