@@ -10,7 +10,7 @@ SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 
 apt_packages=(build-essential clang cmake libeigen3-dev doctest-dev libbenchmark-dev)
-# x86-64: QEMU's user-mode emulator runs the attention tests on an emulated AVX2-only CPU (tests/core/CMakeLists.txt).
+# x86-64: QEMU's user-mode emulator runs the attention tests on emulated narrower CPUs (tests/core/CMakeLists.txt).
 if [[ $(uname -m) == x86_64 ]]; then apt_packages+=(qemu-user); fi
 missing=()
 for p in "${apt_packages[@]}"; do
