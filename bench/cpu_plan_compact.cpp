@@ -139,24 +139,21 @@ void gemm_reference(benchmark::State& state, std::int64_t rows) {
   state.counters["GFLOP/s"] = benchmark::Counter(logit_flops(rows, L) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// One core's multiply-add peak per ISA (fma_peak.inc): the compile flags' packets through Eigen, and each dispatched
-// tile's ISA in its own target region.
+// One core's multiply-add peak per ISA (fma_peak.inc), over each attention tile's own packet, register count and
+// primitives (its namespace in attention_gemm.hpp): the compile flags' tile, and each dispatched tile's ISA in its own
+// target region.
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wignored-attributes"  // packet types (__m512, ...) as template arguments
 #endif
 namespace peak_compiled {
-using Eigen::internal::pmadd, Eigen::internal::pset1, Eigen::internal::pstoreu, Eigen::internal::unpacket_traits;
-using full = Eigen::internal::packet_traits<float>::type;
-inline constexpr int registers = EIGEN_ARCH_DEFAULT_NUMBER_OF_REGISTERS;
+using namespace fairkv::cpu::detail::tile;
 #include "fma_peak.inc"
 }  // namespace peak_compiled
 #if defined(FAIRKV_TILE_AVX2)
 FAIRKV_TARGET_PUSH(FAIRKV_TARGET_AVX2)
 namespace peak_avx2 {
-using namespace fairkv::cpu::detail::x86;
-using full = __m256;
-inline constexpr int registers = 16;
+using namespace fairkv::cpu::detail::tile_avx2;
 #include "fma_peak.inc"
 }  // namespace peak_avx2
 FAIRKV_TARGET_POP
@@ -164,9 +161,7 @@ FAIRKV_TARGET_POP
 #if defined(FAIRKV_TILE_AVX512)
 FAIRKV_TARGET_PUSH(FAIRKV_TARGET_AVX512)
 namespace peak_avx512 {
-using namespace fairkv::cpu::detail::x86;
-using full = __m512;
-inline constexpr int registers = 32;
+using namespace fairkv::cpu::detail::tile_avx512;
 #include "fma_peak.inc"
 }  // namespace peak_avx512
 FAIRKV_TARGET_POP
@@ -175,7 +170,7 @@ FAIRKV_TARGET_POP
 #pragma GCC diagnostic pop
 #endif
 
-void fma_peak(benchmark::State& state, fairkv::cpu::detail::cpu_isa isa) {
+void fma_peak(benchmark::State& state, [[maybe_unused]] fairkv::cpu::detail::cpu_isa isa) {
   using fairkv::cpu::detail::cpu_isa;
   float (*steps)(std::int64_t, float, float) = peak_compiled::peak_steps;
   std::int64_t flops_per_step = peak_compiled::peak_flops_per_step;
