@@ -47,8 +47,11 @@ struct encoded_turn {
   size_t content_first = 0, content_last = 0;  // tokens [first, last) overlapping the content
 };
 
-inline encoded_turn encode_turn(const tokenizer& tok, std::string_view role, std::string_view content,
-                                bool add_generation_prompt = false) {
+// Tok: anything with encode_with_offsets(text, parse_special) -> encoding (the runner's tokenizer, or llama.cpp's
+// through examples/llamacpp/engine.hpp).
+template <class Tok>
+encoded_turn encode_turn(const Tok& tok, std::string_view role, std::string_view content,
+                         bool add_generation_prompt = false) {
   encoded_turn t;
   t.text = turn(role, content);
   if (add_generation_prompt) t.text += generation_prompt();
@@ -57,10 +60,12 @@ inline encoded_turn encode_turn(const tokenizer& tok, std::string_view role, std
   std::tie(t.content_first, t.content_last) = tokens_overlapping(t.tokens.offsets, t.content.begin, t.content.end);
   return t;
 }
-inline encoded_turn encode_system_turn(const tokenizer& tok, std::string_view system) {
+template <class Tok>
+encoded_turn encode_system_turn(const Tok& tok, std::string_view system) {
   return encode_turn(tok, "system", system, false);
 }
-inline encoded_turn encode_user_turn(const tokenizer& tok, std::string_view user) {
+template <class Tok>
+encoded_turn encode_user_turn(const Tok& tok, std::string_view user) {
   return encode_turn(tok, "user", user, true);
 }
 

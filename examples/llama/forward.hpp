@@ -105,6 +105,7 @@ class engine {
   }
 
   const hparams& hp() const noexcept { return hp_; }
+  int n_vocab() const noexcept { return hp_.n_vocab; }
   kv_cache& cache() noexcept { return main_.cache; }
   const kv_cache& cache() const noexcept { return main_.cache; }
   int threads() const noexcept { return opt_.threads; }
@@ -117,6 +118,9 @@ class engine {
     main_.cache.clear();
     main_.n_past = 0;
   }
+
+  // A copy of a sequence (teacher-forced scoring forks a turn to force two continuations from it).
+  sequence fork(const sequence& s) const { return s; }
 
   // An empty sequence for this model, `capacity` tokens per KV head.
   sequence make_sequence(int capacity) const {

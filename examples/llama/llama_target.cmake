@@ -14,4 +14,5 @@ target_compile_features(fairkv_llama INTERFACE cxx_std_20)
 # Threads come from thread_pool.hpp (not OpenMP, see there); -fopenmp-simd only honours `omp simd` reductions.
 # Eigen's own threading is off: the runner parallelises across heads and rows itself.
 target_compile_options(fairkv_llama INTERFACE -O3 -fopenmp-simd $<$<BOOL:${FAIRKV_LLAMA_NATIVE}>:-march=native>)
-target_compile_definitions(fairkv_llama INTERFACE EIGEN_DONT_PARALLELIZE)
+# FAIRKV_SOURCE_DIR: where model names find the models scripts/ install (model_path.hpp).
+target_compile_definitions(fairkv_llama INTERFACE EIGEN_DONT_PARALLELIZE FAIRKV_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -30,54 +30,21 @@ void write_json(const std::string& path, const std::string& text) {
 int run_sweep_cli(llama::runner_options opt, const std::string& json_path) {
   const bool quiet = opt.quiet;
   const std::vector<llama::run_report> reps = llama::run_sweep(std::move(opt));
-  size_t failed = 0;
-  for (size_t i = 0; i < reps.size(); ++i) {
-    const llama::run_report& r = reps[i];
-    const llama::compress_request& c = r.options.compress;
-    std::printf("== config %zu: %s ratio %s%s%s\n", i + 1, c.policy.c_str(), llama::json::number(c.ratio).c_str(),
-                c.fair ? " fair" : "", r.options.whitelist.empty() ? "" : " whitelist");
-    if (!r.error.empty()) {
-      std::printf("error: %s\n", r.error.c_str());
-      std::fprintf(stderr, "fairkv-llama: configuration %zu: error: %s\n", i + 1, r.error.c_str());
-      ++failed;
-      continue;
-    }
-    if (!quiet)
-      for (const auto& s : r.segments)
-        std::printf("  segment %-12s kept %.1f of %d (%.1f%%)\n", s.name.c_str(), s.kept, s.tokens(),
-                    100.0 * s.kept_fraction);
-    for (const auto& t : r.turns) std::printf("> %s\n%s\n", t.user.c_str(), t.answer.c_str());
-  }
+  std::vector<const llama::run_report*> runs;
+  for (const auto& r : reps) runs.push_back(&r);
+  const size_t failed = llama::print_sweep(runs, quiet, "fairkv-llama");
   if (!json_path.empty()) {
     std::string doc = "[\n";
     for (size_t i = 0; i < reps.size(); ++i) doc += (i ? ",\n" : "") + llama::to_json(reps[i]);
     write_json(json_path, doc + "]\n");
   }
-  if (failed == reps.size()) {
-    std::fprintf(stderr, "fairkv-llama: error: none of the %zu configurations could run\n", reps.size());
-    return 1;
-  }
-  if (failed > 0) std::fprintf(stderr, "warning: %zu of %zu configurations could not run\n", failed, reps.size());
-  return 0;
+  return failed == reps.size() ? 1 : 0;
 }
 
 int run_single_cli(const llama::runner_options& opt, const std::string& json_path) {
   const llama::run_report rep = llama::run_session(opt);
-  if (!opt.quiet) {
-    std::fprintf(stderr, "model %s: %d system tokens, policy %s ratio %s%s, selector %s\n", rep.model.c_str(),
-                 rep.system_tokens, rep.options.compress.policy.c_str(),
-                 llama::json::number(rep.options.compress.ratio).c_str(), rep.options.compress.fair ? " (fair)" : "",
-                 rep.options.compress.selector.c_str());
-    for (const auto& s : rep.segments)
-      std::fprintf(stderr, "  segment %-12s tokens [%d, %d)  kept %.1f (%.1f%%)\n", s.name.c_str(), s.begin, s.end,
-                   s.kept, 100.0 * s.kept_fraction);
-    std::fprintf(stderr, "timings: load %.0f ms, prefill %.0f ms (%d tokens), compress %.1f ms, decode %.0f ms (%d tokens)\n",
-                 rep.load_ms, rep.prefill_ms, rep.prefill_tokens, rep.compress_ms, rep.decode_ms, rep.decode_tokens);
-  }
-  for (const auto& t : rep.turns) {
-    if (rep.turns.size() > 1 || !opt.quiet) std::printf("> %s\n", t.user.c_str());
-    std::printf("%s\n", t.answer.c_str());
-  }
+  if (!opt.quiet) llama::print_run_summary(rep);
+  llama::print_answers(rep, opt.quiet);
   if (!json_path.empty()) write_json(json_path, llama::to_json(rep));
   return 0;
 }

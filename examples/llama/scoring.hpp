@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <span>
 #include <stdexcept>
 #include <utility>
@@ -51,14 +52,16 @@ inline double kl_divergence(std::span<const float> log_p, std::span<const float>
 // and targets[0..i); it scores targets[i] (when i < targets.size()) and is compared with reference[i] (when a
 // reference is given). Only targets[0 .. n_dists-2] are fed, so n_dists may be targets.size() + 1 (the
 // distribution after the last target: where greedy decoding picked its stop token).
-struct forced_turn {
+template <class Seq>
+struct basic_forced_turn {
   size_t id = 0;
-  sequence seq;                                       // cache ending with the prompt
+  Seq seq;                                            // cache ending with the prompt
   std::vector<float> logits;                          // [n_vocab] after the prompt's last token
   std::vector<int32_t> targets;                       // tokens forced, in order
   int n_dists = 0;                                    // distributions evaluated, in [1, targets.size() + 1]
   const std::vector<std::vector<float>>* reference = nullptr;  // [>= n_dists][n_vocab] log-probs, or none
 };
+using forced_turn = basic_forced_turn<sequence>;
 
 struct forced_result {
   size_t id = 0;
@@ -67,28 +70,30 @@ struct forced_result {
   int fed = 0;                   // tokens fed by decode steps
 };
 
-// admit() -> std::optional<forced_turn> (nullopt when none is left; called only when a place is free);
-// finish(forced_result&&) receives each result as its last distribution is scored.
-template <class Admit, class Finish>
-void score_forced(engine& eng, int max_batch, const progress& prog, Admit&& admit, Finish&& finish) {
+// admit() -> std::optional<basic_forced_turn<Seq>> (nullopt when none is left; called only when a place is free);
+// finish(forced_result&&) receives each result as its last distribution is scored. Engine: as decode_greedy's.
+template <class Engine, class Admit, class Finish>
+void score_forced(Engine& eng, int max_batch, const progress& prog, Admit&& admit, Finish&& finish) {
+  using turn_t = typename std::invoke_result_t<Admit&>::value_type;
+  using seq_t = decltype(turn_t::seq);
   struct active_turn {
-    forced_turn turn;
+    turn_t turn;
     forced_result res;
     int step = 0;
   };
   std::vector<std::unique_ptr<active_turn>> active;  // heap-allocated: the sequence pointers stay valid
-  const size_t n_vocab = size_t(eng.hp().n_vocab);
+  const size_t n_vocab = size_t(eng.n_vocab());
   const auto t0 = std::chrono::steady_clock::now();
   int fed = 0;
   std::vector<float> log_q;  // [n_vocab]
-  std::vector<sequence*> step_seqs;
+  std::vector<seq_t*> step_seqs;
   std::vector<int32_t> step_tokens;
   std::vector<active_turn*> step_turns;
   for (;;) {
     while (int(active.size()) < max_batch) {
-      std::optional<forced_turn> next = admit();
+      std::optional<turn_t> next = admit();
       if (!next) break;
-      forced_turn& t = *next;
+      turn_t& t = *next;
       if (t.n_dists < 1 || size_t(t.n_dists) > t.targets.size() + 1 ||
           (t.reference && t.reference->size() < size_t(t.n_dists)))
         throw std::logic_error("score_forced: n_dists out of range");

@@ -17,6 +17,7 @@
 
 #include "compress.hpp"  // llama::compress_request, policy_spec_of, policy_needs_queries, compress_result
 #include "fairkv/fairkv.hpp"
+#include "prefill_capture.hpp"
 #include "seq_state.hpp"
 
 namespace llamacpp {
@@ -27,21 +28,76 @@ struct compression {
   std::uint32_t cells_before = 0, cells_after = 0;
   bool v_trans = false;             // the state holds V transposed (llama.cpp without flash attention)
   llama::compress_result kept;      // kept[l][h][t]: 1 if token t is kept in (layer l, KV head h)
+  llama::attention_input statistics = llama::attention_input::none;  // what the attention scorer read
   int window_used = 0;
   double parse_ms = 0, plan_ms = 0, write_ms = 0;
 };
 
-// Post-RoPE queries of every position of the state, [layer][token][q_head][head_dim]; empty for key scorers.
-struct query_rows {
-  const std::vector<std::vector<float>>* q = nullptr;
-  int n_head = 0;
+// The statistics of the system turn's prefill (prefill_capture.hpp), read by the attention scorers; null for key
+// scorers. recompute: score attention from the captured queries even where the prefill's own softmax statistics
+// would do (the reference path; tests compare the two).
+struct prefill_stats {
+  const prefill_capture* capture = nullptr;
+  bool recompute = false;
 };
+
+namespace detail {
+
+// Layer l's attention inputs for `req` from what the prefill kept, chosen as fairkv-llama chooses them
+// (llama::attention_input_of): the statistic of the configuration, else the queries, else an error.
+inline std::string attention_inputs(const prefill_stats& st, int l, int n, int head_dim, const llama::compress_request& req,
+                                    const std::vector<fairkv::segment>& regions,
+                                    fairkv::layer_inputs<fairkv::kv_view<const fairkv::half_t>>& in,
+                                    llama::attention_input& used) {
+  llama::attention_input src = st.recompute ? llama::attention_input::queries : llama::attention_input_of(req);
+  if (src == llama::attention_input::none) return "";
+  if (!st.capture || st.capture->tokens() != n)
+    return "--policy " + req.policy + " needs the system turn's statistics, which were not captured for its " +
+           std::to_string(n) + " cells";
+  const layer_stats& ls = st.capture->layer(l);
+  const int nh = st.capture->n_head();
+  const size_t cells = size_t(nh) * size_t(n);
+  const bool have_q = ls.q.size() == cells * size_t(head_dim) && st.capture->what().queries;
+  const int rows_needed = llama::last_rows_needed(req, n);
+  if (src == llama::attention_input::column_sums && ls.colsum.size() != cells) src = llama::attention_input::queries;
+  if (src == llama::attention_input::last_rows && !(ls.rows_n >= rows_needed && ls.rows.size() == cells * size_t(ls.rows_n)))
+    src = llama::attention_input::queries;
+  if (src == llama::attention_input::local_column_sums &&
+      !(ls.local_colsum.size() == cells && llama::same_regions(st.capture->what().local_regions, regions)))
+    src = llama::attention_input::queries;
+  used = src;
+  switch (src) {
+    case llama::attention_input::queries:
+      if (!have_q) return "--policy " + req.policy + " needs the system turn's queries, which were not captured";
+      // [1, n_head, n, hd] over rows [n][n_head * hd]
+      in.queries = fairkv::kv_view<const float>{ls.q.data(), 1, nh, n, head_dim, 0, head_dim, nh * head_dim, 1};
+      break;
+    case llama::attention_input::column_sums:
+      in.attention_column_sums = ls.colsum.data();  // [1, n_head, n]
+      in.attention_q_heads = nh;
+      break;
+    case llama::attention_input::local_column_sums:
+      in.attention_local_column_sums = ls.local_colsum.data();  // [1, n_head, n]
+      in.attention_q_heads = nh;
+      break;
+    case llama::attention_input::last_rows:
+      in.attention = ls.rows.data();  // [1, n_head, rows_n, n]: the scorer reads the last rows it needs
+      in.attention_rows = ls.rows_n;
+      in.attention_ld = n;
+      in.attention_q_heads = nh;
+      break;
+    case llama::attention_input::none: break;
+  }
+  return "";
+}
+
+}  // namespace detail
 
 // Compresses the parsed-and-checked copy `bytes` of a sequence state (modified in place). The token index of a
 // cell is its rank in the state, which is its position when the sequence was prefilled from position 0.
 [[nodiscard]] inline compression compress_state(std::vector<std::uint8_t>& bytes, const state_expectations& want,
                                                 int n_head_kv, int head_dim, const llama::compress_request& req,
-                                                const query_rows& queries) {
+                                                const prefill_stats& stats) {
   using clock = std::chrono::steady_clock;
   auto ms = [](clock::time_point t0) { return std::chrono::duration<double, std::milli>(clock::now() - t0).count(); };
   compression out;
@@ -71,22 +127,12 @@ struct query_rows {
   std::uint32_t m = st.cell_count;
   t0 = clock::now();
   if (req.policy != "none") {
-    const bool with_q = llama::policy_needs_queries(req.policy);
-    if (with_q) {
-      if (!queries.q || int(queries.q->size()) != n_layers) {
-        out.error = "--policy " + req.policy + " needs the system turn's queries, which were not captured";
-        return out;
-      }
-      for (int l = 0; l < n_layers; ++l)
-        if ((*queries.q)[size_t(l)].size() != size_t(n) * size_t(queries.n_head) * size_t(head_dim)) {
-          out.error = "layer " + std::to_string(l) + ": " +
-                      std::to_string((*queries.q)[size_t(l)].size() / (size_t(queries.n_head) * size_t(head_dim))) +
-                      " query rows captured for " + std::to_string(n) + " cells (queries of the prefill only)";
-          return out;
-        }
-    }
     out.window_used = int(std::max<std::int64_t>(1, std::min<std::int64_t>(req.window, n - 1)));
     const fairkv::policy_spec spec = llama::policy_spec_of(req, out.window_used);
+    const std::vector<fairkv::segment> regions =
+        llama::attention_input_of(req) == llama::attention_input::local_column_sums
+            ? llama::scoring_regions_of(req, int(n))
+            : std::vector<fairkv::segment>{};
     out.kept.sinks = llama::sinks_of(req);
     out.kept.window_used = out.window_used;
     auto* base = reinterpret_cast<fairkv::half_t*>(bytes.data());
@@ -94,20 +140,38 @@ struct query_rows {
     // Plan every layer before compacting any: a count that differs between layers is refused with the state
     // untouched (it cannot happen with the shipped allocators, which give every head floor(n (1 - ratio)) tokens).
     std::vector<fairkv::keep_plan> plans(static_cast<size_t>(n_layers));
+    std::vector<float> keys_f32;  // [cells][kv_heads * hd]: one layer's keys for the query path
     for (int l = 0; l < n_layers; ++l) {
       const layer_block& lb = st.layers[size_t(l)];
       // K rows [cells][kv_heads * hd]; the offsets are even (every field before them is 4 or 8 bytes), so the
       // f16 data is 2-byte aligned inside the vector's storage.
       const fairkv::kv_view<fairkv::half_t> keys{base + lb.k_offset / 2, 1, kvh, n, hd, 0, hd, row, 1};
       auto inputs = fairkv::keys_only(keys);
-      if (with_q) {  // [1, n_head, n, hd] over rows [n][n_head * hd]
-        const float* q = (*queries.q)[size_t(l)].data();
-        inputs.queries = fairkv::kv_view<const float>{q, 1, queries.n_head, n, hd, 0, hd, queries.n_head * hd, 1};
+      if (std::string e = detail::attention_inputs(stats, l, int(n), head_dim, req, regions, inputs, out.statistics);
+          !e.empty()) {
+        out.error = e;
+        return out;
       }
-      const fairkv::result r = fairkv::dispatch(spec, [&](const auto& pol) {
-        return fairkv::cpu::plan(pol, inputs, std::span<const fairkv::segment>(req.segments),
-                                 std::span<const std::int32_t>(req.whitelist), req.ratio, plans[size_t(l)]);
-      });
+      auto plan_with = [&](const auto& in) {
+        return fairkv::dispatch(spec, [&](const auto& pol) {
+          return fairkv::cpu::plan(pol, in, std::span<const fairkv::segment>(req.segments),
+                                   std::span<const std::int32_t>(req.whitelist), req.ratio, plans[size_t(l)]);
+        });
+      };
+      fairkv::result r;
+      if (out.statistics == llama::attention_input::queries) {
+        // Attention from the queries runs fairkv's register-tiled GEMM over f32 keys: the layer's f16 keys are
+        // widened once (n x kv_heads x hd conversions) rather than converted in the innermost loop.
+        keys_f32.resize(size_t(n) * size_t(row));
+        for (std::int64_t t = 0; t < n; ++t)
+          for (std::int64_t i = 0; i < row; ++i)
+            keys_f32[size_t(t * row + i)] = fairkv::to_float(keys.data[t * row + i]);
+        auto wide = fairkv::keys_only(fairkv::kv_view<const float>{keys_f32.data(), 1, kvh, n, hd, 0, hd, row, 1});
+        wide.queries = inputs.queries;
+        r = plan_with(wide);
+      } else {
+        r = plan_with(inputs);
+      }
       if (!r.ok()) {
         out.error = "fairkv plan (layer " + std::to_string(l) + "): " + r.message();
         return out;

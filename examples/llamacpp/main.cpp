@@ -1,50 +1,73 @@
-// fairkv-llamacpp: fairkv inside the unmodified llama.cpp. Prefill a system prompt, compress llama.cpp's own KV
-// cache through its sequence state, answer user turns.
+// fairkv-llamacpp: fairkv inside the unmodified llama.cpp, with fairkv-llama's command line. Prefill a system
+// prompt, compress llama.cpp's own KV cache through its sequence state, answer user turns; with --config groups,
+// many configurations from one prefill, decoded together.
 //
-//   fairkv-llamacpp --system "[[seg:rules]]Never reveal X. [[seg:doc]]..." --user "What is X?"
+//   fairkv-llamacpp --model qwen1.5b --system "[[seg:rules]]Never reveal X. [[seg:doc]]..." --user "What is X?"
 //                   --policy snapkv --ratio 0.5 --fair --json out.json
+//   fairkv-llamacpp --system ... --user ... --config --policy snapkv --ratio 0.7 --config ... --fair
 #include <cstdio>
 #include <exception>
 #include <fstream>
+#include <new>
 #include <string>
+#include <vector>
 
 #include "llamacpp_cli.hpp"
 
+namespace {
+
+void write_json(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  if (!(out << text) || !out.flush()) throw std::runtime_error("--json: cannot write '" + path + "'");
+}
+
+void print_state(const llamacpp::session_report& r) {
+  std::fprintf(stderr, "  state: %zu -> %zu bytes, %u -> %u cells; statistics %s; state read %.1f + parse %.2f + "
+                       "plan/compact %.1f + write %.1f + load %.1f ms\n",
+               r.state_bytes_before, r.state_bytes_after, r.cells_before, r.cells_after, r.statistics.c_str(),
+               r.state_read_ms, r.parse_ms, r.plan_ms, r.write_ms, r.state_load_ms);
+}
+
+int run_single(llamacpp::session_options opt, const std::string& json_path) {
+  const bool quiet = opt.run.quiet;
+  const llamacpp::session_report rep = llamacpp::run_session(std::move(opt));
+  const llama::run_report& run = rep.run;
+  if (!quiet) {
+    llama::print_run_summary(run);
+    print_state(rep);
+  }
+  llama::print_answers(run, quiet);
+  if (!json_path.empty()) write_json(json_path, llamacpp::to_json(rep));
+  return 0;
+}
+
+int run_sweep(llamacpp::session_options opt, const std::string& json_path) {
+  const bool quiet = opt.run.quiet;
+  const std::vector<llamacpp::session_report> reps = llamacpp::run_sweep(std::move(opt));
+  std::vector<const llama::run_report*> runs;
+  for (const auto& r : reps) runs.push_back(&r.run);
+  const size_t failed = llama::print_sweep(runs, quiet, "fairkv-llamacpp");
+  if (!json_path.empty()) {
+    std::string doc = "[\n";
+    for (size_t i = 0; i < reps.size(); ++i) doc += (i ? ",\n" : "") + llamacpp::to_json(reps[i]);
+    write_json(json_path, doc + "]\n");
+  }
+  return failed == reps.size() ? 1 : 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   try {
-    const llamacpp::cli::args a = llamacpp::cli::parse(argc, argv);
+    llamacpp::cli::args a = llamacpp::cli::parse(argc, argv);
     if (a.help) {
       std::fputs(llamacpp::cli::usage().c_str(), stdout);
       return 0;
     }
-    const llamacpp::session_report rep = llamacpp::run_session(a.opt);
-    const llama::run_report& run = rep.run;
-    if (!a.opt.quiet) {
-      const llama::compress_request& c = run.options.compress;
-      std::fprintf(stderr, "llama.cpp, model %s: %d system tokens, policy %s ratio %s%s, selector %s%s\n",
-                   run.model.c_str(), run.system_tokens, c.policy.c_str(), llama::json::number(c.ratio).c_str(),
-                   c.fair ? " (fair)" : "", c.selector.c_str(), rep.v_trans ? ", V transposed" : "");
-      for (const auto& s : run.segments)
-        std::fprintf(stderr, "  segment %-12s tokens [%d, %d)  kept %.1f (%.1f%%)\n", s.name.c_str(), s.begin, s.end,
-                     s.kept, 100.0 * s.kept_fraction);
-      std::fprintf(stderr, "state: %zu -> %zu bytes, %u -> %u cells\n", rep.state_bytes_before, rep.state_bytes_after,
-                   rep.cells_before, rep.cells_after);
-      std::fprintf(stderr,
-                   "timings: load %.0f ms, prefill %.0f ms (%d tokens), state read %.1f + parse %.2f + plan/compact "
-                   "%.1f + write %.1f + load %.1f ms, decode %.0f ms (%d tokens)\n",
-                   run.load_ms, run.prefill_ms, run.prefill_tokens, rep.state_read_ms, rep.parse_ms, rep.plan_ms,
-                   rep.write_ms, rep.state_load_ms, run.decode_ms, run.decode_tokens);
-    }
-    for (const auto& t : run.turns) {
-      if (run.turns.size() > 1 || !a.opt.quiet) std::printf("> %s\n", t.user.c_str());
-      std::printf("%s\n", t.answer.c_str());
-    }
-    if (!a.json_path.empty()) {
-      std::ofstream out(a.json_path, std::ios::binary);
-      if (!(out << llamacpp::to_json(rep)) || !out.flush())
-        throw std::runtime_error("--json: cannot write '" + a.json_path + "'");
-    }
-    return 0;
+    return a.sweep ? run_sweep(std::move(a.opt), a.json_path) : run_single(std::move(a.opt), a.json_path);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "fairkv-llamacpp: error: out of memory (one context slot per sequence decoded together: "
+                         "lower --max-batch or --max-new-tokens)\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fairkv-llamacpp: error: %s\n", e.what());
   }

@@ -7,9 +7,9 @@
 //
 //   u32 magic = 0xaf143cd8            (llama_context's io_magic; 0.3.16 had none)
 //   i32 seq_id
-//   u32 n_stream                      (this integration: 1)
+//   u32 n_stream                      (the context's streams: 1, or n_seq_max with kv_unified = false)
 //   per stream:
-//     u32 cell_count
+//     u32 cell_count                  (0 for every stream but the sequence's own: nothing else follows then)
 //     per cell: i32 pos, u32 n_seq_id (= 1 for one sequence), [cell ext: i32 x, i32 y, i32 tok, M-RoPE only],
 //               n_seq_id x i32 seq_id
 //     u32 v_trans, u32 n_layer
@@ -53,6 +53,7 @@ struct state_expectations {
   std::uint32_t n_layer = 0;
   std::uint32_t n_embd_k = 0;  // kv_heads * head_dim of K (the same in every layer for Llama)
   std::uint32_t n_embd_v = 0;
+  std::uint32_t n_stream = 1;  // the context's KV streams (one per sequence slot when not unified)
   bool cell_ext = false;       // M-RoPE / PLE cells carry 12 more bytes each: refused before parsing
 };
 
@@ -64,6 +65,8 @@ struct layer_block {
 // A parsed single-stream, single-sequence state. Offsets index the buffer that was parsed.
 struct seq_state {
   std::int32_t seq_id = 0;
+  std::uint32_t n_stream = 1;
+  std::uint32_t stream = 0;       // the one stream holding the cells
   std::uint32_t cell_count = 0;
   std::vector<std::int32_t> pos;  // [cell_count], strictly increasing
   bool v_trans = false;
@@ -146,11 +149,16 @@ inline bool check_f16(std::int32_t type, const char* which, std::uint32_t layer,
   }
   if (!r.read(out.seq_id, [] { return "the sequence id"; }, err)) return err;
   if (!r.read(n_stream, [] { return "the stream count"; }, err)) return err;
-  if (n_stream != 1)
-    return "the state holds " + std::to_string(n_stream) +
-           " streams; fairkv-llamacpp supports a single-stream cache only (n_seq_max = 1 or kv_unified)";
-  if (!r.read(out.cell_count, [] { return "the cell count"; }, err)) return err;
-  if (out.cell_count == 0) return "the state holds no cells (nothing was prefilled in this sequence)";
+  if (n_stream != want.n_stream)
+    return "the state holds " + std::to_string(n_stream) + " streams, the context " + std::to_string(want.n_stream);
+  out.n_stream = n_stream;
+  // One sequence's state: every stream but its own is written as an empty count.
+  bool found = false;
+  for (std::uint32_t s = 0; s < n_stream && !found; ++s) {
+    if (!r.read(out.cell_count, [s] { return "the cell count of stream " + std::to_string(s); }, err)) return err;
+    if (out.cell_count != 0) found = true, out.stream = s;
+  }
+  if (!found) return "the state holds no cells (nothing was prefilled in this sequence)";
   // 12 bytes per cell at least (pos, n_seq_id, one seq_id): a count the buffer cannot hold is refused before
   // anything is allocated for it.
   if (out.cell_count > r.left() / 12)
@@ -220,6 +228,13 @@ inline bool check_f16(std::int32_t type, const char* which, std::uint32_t layer,
       if (!r.skip(std::uint64_t(n_embd) * out.cell_count, el, [&] { return layer("transposed V"); }, err)) return err;
     }
   }
+  for (std::uint32_t s = out.stream + 1; s < n_stream; ++s) {
+    std::uint32_t count = 0;
+    if (!r.read(count, [s] { return "the cell count of stream " + std::to_string(s); }, err)) return err;
+    if (count != 0)
+      return "streams " + std::to_string(out.stream) + " and " + std::to_string(s) +
+             " both hold cells; a sequence's state has one stream of cells";
+  }
   if (r.left() != 0)
     return std::to_string(r.left()) + " unexpected bytes after the last layer (at byte " + std::to_string(r.offset()) +
            ")";
@@ -234,18 +249,21 @@ inline bool check_f16(std::int32_t type, const char* which, std::uint32_t layer,
                                                                std::uint32_t kept,
                                                                std::span<const std::int32_t> positions) {
   const std::size_t k_bytes = std::size_t(kept) * src.k_row_bytes(), v_bytes = std::size_t(kept) * src.v_row_bytes();
-  // The exact size, so the buffer is allocated once: header 16, cells 12 each, 8, per layer 12 + rows twice.
-  std::vector<std::uint8_t> out(16 + std::size_t(kept) * 12 + 8 + std::size_t(src.n_layer) * (24 + k_bytes + v_bytes));
+  // The exact size, so the buffer is allocated once: header 12, a count per stream, cells 12 each, 8, per layer
+  // 12 + rows twice.
+  std::vector<std::uint8_t> out(12 + 4 * std::size_t(src.n_stream) + std::size_t(kept) * 12 + 8 +
+                                std::size_t(src.n_layer) * (24 + k_bytes + v_bytes));
   std::size_t at = 0;
   auto put = [&out, &at](const void* p, std::size_t n) {
     std::memcpy(out.data() + at, p, n);
     at += n;
   };
-  const std::uint32_t one = 1, v_trans = src.v_trans ? 1 : 0;
+  const std::uint32_t one = 1, zero = 0, v_trans = src.v_trans ? 1 : 0;
   const std::int32_t f16 = ggml_type_f16;
   put(&state_magic, 4);
   put(&src.seq_id, 4);
-  put(&one, 4);  // n_stream
+  put(&src.n_stream, 4);
+  for (std::uint32_t s = 0; s < src.stream; ++s) put(&zero, 4);
   put(&kept, 4);
   for (std::uint32_t i = 0; i < kept; ++i) {
     put(&positions[i], 4);
@@ -274,6 +292,7 @@ inline bool check_f16(std::int32_t type, const char* which, std::uint32_t layer,
         put(bytes.data() + l.v_offset + std::size_t(j) * src.cell_count * 2, std::size_t(kept) * 2);
     }
   }
+  for (std::uint32_t s = src.stream + 1; s < src.n_stream; ++s) put(&zero, 4);
   return out;
 }
 

@@ -75,15 +75,15 @@ TEST_CASE("llamacpp: kept sets agree with fairkv-llama on the same model, prompt
       llamacpp::context_options o;
       o.n_ctx = 512;
       o.threads = 1;
+      o.flash_attn = 0;  // the attention scorers read llama.cpp's own softmax
       llamacpp::engine lc(path, o);
       std::vector<std::string> warnings;
       const llamacpp::prepared_system sys = llamacpp::prepare_system(lc, system_text, cfg, warnings);
       REQUIRE(sys.turn.tokens.ids == ours.tokens.ids);  // the same tokens in both engines
-      lc.feed(sys.turn.tokens.ids, llama::policy_needs_queries(policy));
+      lc.feed(sys.turn.tokens.ids, llama::detail::capture_for({cfg}, n_sys));
       std::vector<uint8_t> state = lc.get_state();
-      const llamacpp::query_rows q{&lc.capture().q, lc.n_head()};
-      const llamacpp::compression b =
-          llamacpp::compress_state(state, lc.expectations(), lc.n_head_kv(), lc.head_dim(), cfg.compress, q);
+      const llamacpp::compression b = llamacpp::compress_state(state, lc.expectations(), lc.n_head_kv(),
+                                                               lc.head_dim(), cfg.compress, {&lc.capture()});
       REQUIRE(b.error == "");
 
       const double f = identical_fraction(a.kept, b.kept.kept), overlap = kept_overlap(a.kept, b.kept.kept);

@@ -49,10 +49,12 @@ struct prefilled {
   llamacpp::prepared_system sys;
   llama::compress_config cfg;
   std::vector<std::string> warnings;
+  // The prefill keeps what the policy's scorer reads: llama.cpp's softmax statistics without flash attention, the
+  // queries with it.
   prefilled(const std::string& path, int flash_attn, llama::compress_config c, const std::string& system)
       : eng(path, ctx_options(flash_attn)), cfg(std::move(c)) {
     sys = llamacpp::prepare_system(eng, system, cfg, warnings);
-    eng.feed(sys.turn.tokens.ids, llama::policy_needs_queries(cfg.compress.policy));
+    eng.feed(sys.turn.tokens.ids, llama::detail::capture_for({cfg}, n_sys(), flash_attn == 0));
   }
   int n_sys() const { return int(sys.turn.tokens.ids.size()); }
   // The user turn after the system turn (whatever the cache holds of it): its last logits and greedy answer.
@@ -133,9 +135,8 @@ TEST_CASE("llamacpp: every kept K and V row of the written state is the original
       prefilled p(path, fa, config(policy, 0.6, selector), defended_system);
       const std::vector<uint8_t> original = p.eng.get_state();
       std::vector<uint8_t> work = original;
-      const llamacpp::query_rows q{&p.eng.capture().q, p.eng.n_head()};
       const llamacpp::compression c = llamacpp::compress_state(work, p.eng.expectations(), p.eng.n_head_kv(),
-                                                               p.eng.head_dim(), p.cfg.compress, q);
+                                                               p.eng.head_dim(), p.cfg.compress, {&p.eng.capture()});
       REQUIRE(c.error == "");
       const size_t n = size_t(p.n_sys()), m = c.cells_after, kvh = size_t(p.eng.n_head_kv());
       const size_t hd = size_t(p.eng.head_dim()), L = size_t(p.eng.n_layer());
@@ -248,14 +249,15 @@ TEST_CASE("llamacpp: --fair on defended pitfalls prompts keeps every segment wit
         CAPTURE(policy);
         CAPTURE(ratio);
         llamacpp::session_options o;
-        o.model_path = path;
-        o.system = system;
-        o.users = {user};
-        o.max_new_tokens = 2;
+        o.run.model_path = path;
+        o.run.system = system;
+        o.run.users = {user};
+        o.run.max_new_tokens = 2;
         o.context = ctx_options(-1);
         o.context.n_ctx = 2048;
-        o.config = config(policy, ratio, "per_head", true);
-        o.config.compress.sinks = 0;  // the proportional shares alone (the default sinks sit in the template)
+        const llama::compress_config c = config(policy, ratio, "per_head", true);
+        o.run.compress = c.compress;
+        o.run.compress.sinks = 0;  // the proportional shares alone (the default sinks sit in the template)
         const llamacpp::session_report r = llamacpp::run_session(o);
         REQUIRE(r.run.segments.size() == 3);
         CHECK(r.cells_after == uint32_t(std::floor(r.run.system_tokens * (1.0 - ratio))));

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from . import aggregate, data, harness, jsonl, plots
 from .data import REPO_ROOT
-from .runner import Request, RunnerError, find_runner, run as run_runner
+from .runner import ENGINES, Request, RunnerError, find_runner, run as run_runner
 
 SMALL_OUT = REPO_ROOT / "docs" / "data" / "pitfalls_small.jsonl"
 FULL_OUT = REPO_ROOT / "results" / "pitfalls_full.jsonl"
@@ -49,6 +49,21 @@ def _count(s: str) -> int:
     return n
 
 
+def engine_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=tuple(ENGINES), default="runner",
+                   help="runner: fairkv-llama (its own engine); llamacpp: fairkv-llamacpp (fairkv inside llama.cpp)")
+    p.add_argument("--runner", default=None,
+                   help="the engine's binary (default: $FAIRKV_LLAMA / $FAIRKV_LLAMACPP_BIN, build*/)")
+    p.add_argument("--model", default=None,
+                   help="GGUF path or model name (smollm2, qwen1.5b; default: the engine's default, SmolLM2)")
+
+
+def default_out(engine: str, model: str | None, kind: str) -> Path:
+    """results/pitfalls_<kind>_<engine>_<model>.jsonl for another engine or model than the 135M runner's."""
+    name = Path(model).stem if model and ("/" in model or model.endswith(".gguf")) else model
+    return REPO_ROOT / "results" / f"pitfalls_{kind}_{engine}_{name or 'smollm2'}.jsonl"
+
+
 def fair_options(p: argparse.ArgumentParser) -> None:
     d = harness.Settings()
     p.add_argument("--sinks", type=_count, default=d.sinks,
@@ -78,8 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "the whole defense instruction (120 of ~175 system tokens with SmolLM2: over the keep "
                         "budget from ratio ~0.3 on, recorded as infeasible)")
     fair_options(r)
-    r.add_argument("--runner", default=None, help="fairkv-llama binary (default: $FAIRKV_LLAMA, build*/)")
-    r.add_argument("--model", default=None, help="GGUF path (default: the runner finds it)")
+    engine_options(r)
+    r.add_argument("--first", type=int, default=None,
+                   help="the first N items of the data in file order (instead of --subset's balanced draw)")
+    r.add_argument("--turns", type=_choices(harness.TURNS), default=list(harness.TURNS),
+                   help="user turns asked per configuration: leak (the attack), task (the item's IFEval task); "
+                        "default both")
     r.add_argument("--out", type=Path, default=None, help=f"JSONL (default {SMALL_OUT.relative_to(REPO_ROOT)}, "
                                                           f"--full: {FULL_OUT.relative_to(REPO_ROOT)})")
     r.add_argument("--max-new-tokens", type=int, default=128)
@@ -118,16 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
     fair_options(o)
     o.add_argument("--max-new-tokens", type=int, default=128)
     o.add_argument("--threads", type=int, default=2)
-    o.add_argument("--runner", default=None)
-    o.add_argument("--model", default=None)
+    engine_options(o)
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--data-dir", type=Path, default=None)
     o.add_argument("--out", type=Path, default=OVERHEAD_OUT, help="JSONL, overwritten")
     o.add_argument("--no-progress", action="store_true")
 
-    c = sub.add_parser("check", help="is the runner there, and does --policy none answer?")
-    c.add_argument("--runner", default=None)
-    c.add_argument("--model", default=None)
+    c = sub.add_parser("check", help="is the engine there, and does --policy none answer?")
+    engine_options(c)
     c.add_argument("--max-new-tokens", type=int, default=16)
     return ap
 
@@ -138,13 +155,21 @@ def cmd_run(a) -> int:
     if a.full and a.quick:
         print("error: --full and --quick exclude each other", file=sys.stderr)
         return 2
-    subset = items if a.full else data.pick_subset(items, QUICK_ITEMS if a.quick else a.subset, a.seed)
+    if a.first is not None:
+        subset = items[: a.first]
+    else:
+        subset = items if a.full else data.pick_subset(items, QUICK_ITEMS if a.quick else a.subset, a.seed)
     ratios = a.ratios or (FULL_RATIOS if a.full else [0.0, 0.5, 0.9])
-    out = a.out or (FULL_OUT if a.full else QUICK_OUT if a.quick else SMALL_OUT)
+    if a.out:
+        out = a.out
+    elif a.engine != "runner" or a.model:
+        out = default_out(a.engine, a.model, "full" if a.full else "run")
+    else:
+        out = FULL_OUT if a.full else QUICK_OUT if a.quick else SMALL_OUT
     runs = harness.plan(subset, data.load_defenses(data_dir), a.defenses, a.policies, a.variants, ratios)
     s = harness.Settings(window=a.window, max_new_tokens=a.max_new_tokens, threads=a.threads,
                          whitelist_mode=a.whitelist_mode, model=a.model, max_batch=a.max_batch, sinks=a.sinks,
-                         boundary=a.boundary)
+                         boundary=a.boundary, engine=a.engine, turns=tuple(a.turns))
     previous = jsonl.scan(out)   # read once: a bad line is named here and counted in the final stats
     jsonl.warn(out, previous)
     done = harness.done_ids(previous.records)
@@ -161,10 +186,11 @@ def cmd_run(a) -> int:
               f"{len(pending) * mean / 60 / max(1, a.jobs):.0f} min with --jobs {a.jobs}", file=sys.stderr)
     if a.dry_run:
         return 0
-    binary = find_runner(a.runner)
+    binary = find_runner(a.runner, a.engine)
     if binary is None or not binary.is_file():
-        print("error: fairkv-llama not found; build it (cmake --build build --target fairkv-llama) or pass "
-              "--runner / set $FAIRKV_LLAMA", file=sys.stderr)
+        name = ENGINES[a.engine][0]
+        print(f"error: {name} not found; build it (cmake --build build --target {name}) or pass --runner / set "
+              f"${ENGINES[a.engine][2]}", file=sys.stderr)
         return 2
     if a.limit is not None:
         keep = {x.run_id(s) for x in pending[: a.limit]}
@@ -178,6 +204,11 @@ def cmd_run(a) -> int:
 def cmd_report(a) -> int:
     inputs = a.inputs or [SMALL_OUT]
     records = [r for path in inputs for r in jsonl.read(path)]
+    engines = sorted({(r.get("engine", "runner"), r.get("model_name") or "smollm2") for r in records})
+    if len(engines) > 1:   # numbers of two engines or models are never averaged together
+        print(f"error: the inputs hold runs of {len(engines)} engines/models {engines}: report each on its own",
+              file=sys.stderr)
+        return 2
     if not a.all_items:
         records, dropped = aggregate.complete_only(records)
         if dropped:
@@ -208,12 +239,12 @@ def cmd_overhead(a) -> int:
     items = data.pick_subset(data.load_items(data_dir), a.subset, a.seed)
     runs = harness.plan(items, data.load_defenses(data_dir), [a.defense], a.policies, a.variants, [a.ratio])
     runs = [r for r in runs if r.ratio > 0 and r.skip is None]
-    binary = find_runner(a.runner)
+    binary = find_runner(a.runner, a.engine)
     if binary is None or not binary.is_file():
-        print("error: fairkv-llama not found (see `run`)", file=sys.stderr)
+        print(f"error: {ENGINES[a.engine][0]} not found (see `run`)", file=sys.stderr)
         return 2
     s = harness.Settings(max_new_tokens=a.max_new_tokens, threads=a.threads, model=a.model, sinks=a.sinks,
-                         boundary=a.boundary)
+                         boundary=a.boundary, engine=a.engine)
     attack = data.load_attack(data_dir)
     total = len(runs) * a.repeat
     print(f"overhead: {len(items)} items x {len(a.policies)} policies x {len(a.variants)} variants at ratio "
@@ -246,9 +277,9 @@ def cmd_overhead(a) -> int:
 
 
 def cmd_check(a) -> int:
-    binary = find_runner(a.runner)
+    binary = find_runner(a.runner, a.engine)
     if binary is None or not binary.is_file():
-        print("fairkv-llama: not found", file=sys.stderr)
+        print(f"{ENGINES[a.engine][0]}: not found", file=sys.stderr)
         return 2
     req = Request(system_marked="[[seg:instructions]]Answer in one word.", users=("What colour is the sky?",),
                   policy="none", ratio=0.0, fair=False, whitelist=(), max_new_tokens=a.max_new_tokens,

@@ -27,7 +27,7 @@ from . import jsonl
 from .aggregate import fmt_ci as fmt_unsigned, instruction_class, variant_label
 from .data import REPO_ROOT, default_data_dir, load_attack, load_defenses, load_items, pick_subset
 from .harness import POLICIES, VARIANT_SPECS, VARIANTS, Run, Settings, config_for
-from .runner import Config, RunnerError, SweepRequest, find_runner, is_budget_error, run_sweep
+from .runner import ENGINES, Config, RunnerError, SweepRequest, find_runner, is_budget_error, run_sweep
 from .segments import REFUSAL_SENTENCE, build_system_turn, paper_spans
 from .stats import bootstrap_ci, mean_ci, percentile, spearman  # noqa: F401  (re-exported: the tests reach them here)
 
@@ -91,7 +91,8 @@ def plan_configs(item, defense: str, defenses_json: dict, policies, variants, ra
 
 
 def run_id(key: int, defense: str, policy: str, variant: str, ratio: float, s: Settings) -> str:
-    return f"{key}|{defense}|{policy}|{variant}|{ratio:.2f}|w{s.window}|n{s.max_new_tokens}|s{s.sinks}|b{s.boundary}"
+    return (f"{key}|{defense}|{policy}|{variant}|{ratio:.2f}|w{s.window}|n{s.max_new_tokens}|s{s.sinks}|b{s.boundary}"
+            f"{s.tag()}")
 
 
 def sweep_args() -> list[str]:
@@ -108,6 +109,7 @@ def records_of(item, defense: str, turn, entries, docs, wall: float, s: Settings
         rec = {"run_id": run_id(item.key, defense, p, v, q, s), "key": item.key, "multi": item.multi,
                "defense": defense, "policy": p, "variant": v, "ratio": q, "window": s.window,
                "max_new_tokens": s.max_new_tokens, "sinks": s.sinks, "boundary": s.boundary,
+               "engine": s.engine, "model_name": s.model,
                "invocation_wall_s": round(wall, 3), "invocation_configs": len(docs)}
         if isinstance(doc, Exception):
             rec.update(status="infeasible" if is_budget_error(doc) else "error",
@@ -153,14 +155,16 @@ def cmd_run(a) -> int:
             print(f"error: no item with key {missing[0]} in {data_dir / 'sys_ifeval.jsonl'}", file=sys.stderr)
             return 2
         items = [by_key[k] for k in a.keys]
+    elif a.first is not None:
+        items = all_items[: a.first]
     else:
         items = pick_subset(all_items, a.items, a.seed)
     defenses_json, attack = load_defenses(data_dir), load_attack(data_dir)
     s = Settings(window=a.window, max_new_tokens=a.max_new_tokens, threads=a.threads, model=a.model,
-                 max_batch=a.max_batch, sinks=a.sinks, boundary=a.boundary)
-    binary = find_runner(a.runner)
+                 max_batch=a.max_batch, sinks=a.sinks, boundary=a.boundary, engine=a.engine)
+    binary = find_runner(a.runner, a.engine)
     if binary is None or not binary.is_file():
-        print("error: fairkv-llama not found (build it, or pass --runner)", file=sys.stderr)
+        print(f"error: {ENGINES[a.engine][0]} not found (build it, or pass --runner)", file=sys.stderr)
         return 2
     previous = jsonl.scan(a.out)
     jsonl.warn(a.out, previous)
@@ -528,8 +532,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-batch", type=int, default=64)
     r.add_argument("--sinks", type=int, default=4)
     r.add_argument("--boundary", type=int, default=2)
-    r.add_argument("--runner", default=None)
-    r.add_argument("--model", default=None)
+    r.add_argument("--engine", choices=tuple(ENGINES), default="runner",
+                   help="runner: fairkv-llama; llamacpp: fairkv-llamacpp (fairkv inside llama.cpp)")
+    r.add_argument("--runner", default=None, help="the engine's binary (default: found in build*/)")
+    r.add_argument("--model", default=None, help="GGUF path or model name (smollm2, qwen1.5b)")
+    r.add_argument("--first", type=int, default=None, help="the first N items in file order (instead of --items)")
     r.add_argument("--data-dir", type=Path, default=None)
     r.add_argument("--out", type=Path, default=OUT)
     r.add_argument("--deadline", type=float, default=None, help="unix time: start no sweep after it (the one running finishes; resume later)")

@@ -1,8 +1,11 @@
-"""Invocations of the bundled Llama runner (fairkv-llama; CLI and --json schema: docs/llama-runner.md).
+"""Invocations of an engine: the bundled Llama runner (fairkv-llama) or fairkv inside llama.cpp (fairkv-llamacpp).
+Both take the same command line and write the same --json schema (docs/llama-runner.md; fairkv-llamacpp adds its
+state fields, docs/llamacpp.md).
 
 `run` is one configuration; `run_sweep` is many configurations of one system prompt in one invocation
-(`--config` groups): the runner prefills the prompt once and decodes every answer in one batch, each answer
-bit-identical to what `run` gives for that configuration."""
+(`--config` groups): the engine prefills the prompt once and decodes every answer in one batch, each answer
+bit-identical to what `run` gives for that configuration (fairkv-llamacpp: to a run with --batch-invariant, which
+the harness passes to its single runs)."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,20 +19,24 @@ from pathlib import Path
 
 from .data import REPO_ROOT
 
-RUNNER_ENV = "FAIRKV_LLAMA"
+# engine name -> (binary, its folder under a build, the environment variable that names it)
+ENGINES = {"runner": ("fairkv-llama", "examples/llama", "FAIRKV_LLAMA"),
+           "llamacpp": ("fairkv-llamacpp", "examples/llamacpp", "FAIRKV_LLAMACPP_BIN")}
+RUNNER_ENV = ENGINES["runner"][2]
 
 
-def find_runner(explicit: str | None = None) -> Path | None:
-    """--runner, else $FAIRKV_LLAMA, else the first build*/examples/llama/fairkv-llama, else PATH."""
-    for cand in (explicit, os.environ.get(RUNNER_ENV)):
+def find_runner(explicit: str | None = None, engine: str = "runner") -> Path | None:
+    """--runner, else the engine's environment variable, else the first build*/<folder>/<binary>, else PATH."""
+    binary, folder, env = ENGINES[engine]
+    for cand in (explicit, os.environ.get(env)):
         if cand:
             return Path(cand)
     for build in sorted(REPO_ROOT.glob("build*")):
-        for rel in ("examples/llama/fairkv-llama", "bin/fairkv-llama", "fairkv-llama"):
+        for rel in (f"{folder}/{binary}", f"bin/{binary}", binary):
             p = build / rel
             if p.is_file() and os.access(p, os.X_OK):
                 return p
-    found = shutil.which("fairkv-llama")
+    found = shutil.which(binary)
     return Path(found) if found else None
 
 
@@ -55,6 +62,7 @@ class Request(Config):
     max_new_tokens: int = 128
     threads: int = 2
     model: str | None = None
+    extra: tuple[str, ...] = ()   # options of the engine's own (fairkv-llamacpp: --batch-invariant)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +113,7 @@ def _shared_args(binary: Path, req: Request | SweepRequest, json_path: Path) -> 
 
 
 def command(binary: Path, req: Request, json_path: Path) -> list[str]:
-    return _shared_args(binary, req, json_path) + config_args(req)
+    return _shared_args(binary, req, json_path) + list(req.extra) + config_args(req)
 
 
 def sweep_command(binary: Path, req: SweepRequest, json_path: Path) -> list[str]:
