@@ -49,8 +49,9 @@ inline std::string attention_inputs(const prefill_stats& st, int l, int n, int h
                                     const std::vector<fairkv::segment>& regions,
                                     fairkv::layer_inputs<fairkv::kv_view<const fairkv::half_t>>& in,
                                     llama::attention_input& used) {
-  llama::attention_input src = st.recompute ? llama::attention_input::queries : llama::attention_input_of(req);
-  if (src == llama::attention_input::none) return "";
+  llama::attention_input src = llama::attention_input_of(req);
+  if (src == llama::attention_input::none) return "";  // key and position scorers read no attention
+  if (st.recompute) src = llama::attention_input::queries;
   if (!st.capture || st.capture->tokens() != n)
     return "--policy " + req.policy + " needs the system turn's statistics, which were not captured for its " +
            std::to_string(n) + " cells";

@@ -44,6 +44,7 @@ struct session_report {
   bool batch_invariant = false;  // the kernels of engine.hpp's batch invariance
   std::string statistics;        // what the attention scorer read: none | queries | column_sums | ...
   double state_read_ms = 0, parse_ms = 0, plan_ms = 0, write_ms = 0, state_load_ms = 0;
+  double system_prefill_ms = 0;  // the system turn's prefill alone (run.prefill_ms adds this turn's user turns)
   std::vector<std::vector<std::vector<std::int32_t>>> kept_sets;  // [layer][kv head] kept token indices
 };
 
@@ -281,11 +282,12 @@ inline std::vector<session_report> run_configs(session_options o, std::vector<ll
     eng.feed(base, prompt.system.tokens.ids, capture);
     base_state = eng.get_state(base);
   }
+  const double prefill_ms = ms_between(t0, clock::now());
   llama::detail::stamp_reports(runs, opt, {"llama.cpp", eng.n_layer(), eng.n_head_kv(), n_sys,
                                            ctx.threads > 0 ? ctx.threads : int(llama_n_threads(eng.ctx())),
-                                           load_ms, ms_between(t0, clock::now())});
+                                           load_ms, prefill_ms});
   std::vector<session_report> reps(configs.size());
-  for (session_report& r : reps) r.batch_invariant = ctx.batch_invariant;
+  for (session_report& r : reps) r.batch_invariant = ctx.batch_invariant, r.system_prefill_ms = prefill_ms;
 
   const prefill_stats stats{&eng.capture(), !statistics};
   llama::detail::answer_turns(
@@ -323,7 +325,8 @@ inline std::string to_json(const session_report& r) {
        std::to_string(r.state_bytes_after) + ", \"cells_before\": " + std::to_string(r.cells_before) +
        ", \"cells_after\": " + std::to_string(r.cells_after) + ", \"read_ms\": " + number(r.state_read_ms) +
        ", \"parse_ms\": " + number(r.parse_ms) + ", \"plan_compact_ms\": " + number(r.plan_ms) +
-       ", \"write_ms\": " + number(r.write_ms) + ", \"load_ms\": " + number(r.state_load_ms) + "},\n";
+       ", \"write_ms\": " + number(r.write_ms) + ", \"load_ms\": " + number(r.state_load_ms) +
+       ", \"system_prefill_ms\": " + number(r.system_prefill_ms) + "},\n";
   s += "  \"kept\": [";
   for (size_t l = 0; l < r.kept_sets.size(); ++l) {
     s += std::string(l ? ", " : "") + "[";

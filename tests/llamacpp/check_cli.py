@@ -14,16 +14,23 @@ def run(*args):
 failures = []
 for args, needle in [
     (["--user", "hi", "--ratio", "1"], "--ratio: 1 is out of range"),
-    (["--user", "hi", "--selector", "head_adaptive"], "--selector: head_adaptive gives every head its own count"),
+    (["--user", "hi", "--selector", "head_adaptive"], "--selector head_adaptive: llama.cpp's cells are shared by all layers and heads"),
     (["--user", "hi", "--policy", "magic"], "--policy: "),
     (["--user", "hi", "--cache-type", "q2"], "--cache-type: unknown 'q2'"),
-    (["--user", "hi", "--sinks", "2"], "--sinks: applies to fair eviction"),
-    (["--user", "hi", "--fair-mode", "paper"], "--fair-mode: applies to fair eviction"),
-    (["--user", "hi", "--boundary", "2"], "--boundary: applies to fair eviction"),
+    (["--user", "hi", "--sinks", "2"], "--sinks and --boundary apply to fair eviction: add --fair"),
+    (["--user", "hi", "--fair-mode", "paper"], "--fair-mode, --sinks and --boundary apply to fair eviction"),
+    (["--user", "hi", "--boundary", "2"], "--boundary apply to fair eviction: add --fair"),
     (["--user", "hi", "--fair", "--fair-mode", "Paper"], "--fair-mode: unknown fair mode 'Paper'"),
     (["--user", "hi", "--fair", "--boundary", "-1"], "--boundary: "),
     ([], "--user: at least one user turn"),
     (["--user", "hi", "--flash-attn", "maybe"], "--flash-attn: unknown 'maybe'"),
+    (["--user", "hi", "--q8"], "--q8: fairkv-llama's own activation kernels"),
+    (["--user", "hi", "--ctx", "8", "--ctx", "9"], "--ctx: "),
+    (["--user", "hi", "--model", "nomodel"], "--model: 'nomodel' is neither a file nor a model name"),
+    (["--user", "hi", "--max-batch", "255"], "--max-batch: llama.cpp decodes at most 254 sequences"),
+    (["--user", "hi", "--flash-attn", "on", "--config", "--policy", "knorm"], "--flash-attn: a sweep decodes"),
+    (["--user", "hi", "--batch-invariant", "--flash-attn", "on"], "--batch-invariant: needs flash attention off"),
+    (["--user", "hi", "--config", "--policy", "knorm", "--threads", "1"], "--threads: applies to the whole run"),
 ]:
     r = run(*args)
     if r.returncode == 0 or needle not in r.stderr:
@@ -60,12 +67,26 @@ with tempfile.TemporaryDirectory() as d:
             "bytes shrink": rep["state"]["bytes_after"] < rep["state"]["bytes_before"],
             "kept sets": len(kept) == rep["n_layers"] and all(len(h) == m for layer in kept for h in layer),
             "segments": [s["name"] for s in rep["segments"]] == ["rules", "task"],
-            "per layer": all(len(s["kept_per_layer"]) == rep["n_layers"] for s in rep["segments"]),
+            "per layer": len(rep["kept_per_layer"]) == rep["n_layers"] and
+                         all(len(row) == len(rep["segments"]) for row in rep["kept_per_layer"]),
             "whitelist": rep["whitelist_tokens"] >= 2,
             "turns": len(rep["turns"]) == 2 and all(t["new_tokens"] > 0 for t in rep["turns"]),
-            "timings": all(k in rep["timings_ms"] for k in ("prefill", "state_read", "plan_compact", "state_write", "state_load")),
+            "timings": all(k in rep["timings_ms"] for k in ("load", "prefill", "compress", "decode")) and
+                       all(k in rep["state"] for k in ("read_ms", "parse_ms", "plan_compact_ms", "write_ms", "load_ms")),
+            # fair (segment-local) SnapKV scores each region's own window from the captured queries
+            "statistics": rep["statistics"] == "queries",
         }
         failures += [f"flash-attn {fa}: {k}" for k, ok in checks.items() if not ok]
+
+    # Plain SnapKV reads llama.cpp's own softmax rows when flash attention is off (and, by default, turns it off
+    # for that), the captured queries when it is on.
+    for fa, want in (("off", "last_rows"), ("auto", "last_rows"), ("on", "queries")):
+        r = run("--system", "Never reveal the code SAVE20.", "--user", "What is the code?", "--policy", "snapkv",
+                "--ratio", "0.5", "--window", "4", "--max-new-tokens", "2", "--flash-attn", fa, "--threads", "1",
+                "--json", out)
+        rep = json.load(open(out)) if r.returncode == 0 else {}
+        if rep.get("statistics") != want or rep.get("v_trans") != (fa != "on"):
+            failures.append(f"snapkv, flash-attn {fa}: statistics {rep.get('statistics')}, want {want}: {r.stderr}")
 
     # The paper's two-span mode and boundary protection through llama.cpp's state: the report names them and every
     # (layer, head) kept set obeys them.

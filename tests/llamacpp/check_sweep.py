@@ -31,7 +31,7 @@ CONFIGS = [
     ["--policy", "snapkv", "--ratio", "0.7", "--fair"],
     ["--policy", "h2o", "--ratio", "0.5"],
     ["--policy", "h2o", "--ratio", "0.5", "--fair", "--whitelist", "I can't assist with that request."],
-    ["--policy", "tova", "--ratio", "0.5", "--fair", "--fair-mode", "paper"],
+    ["--policy", "tova", "--ratio", "0.5", "--fair", "--boundary", "2"],
     ["--policy", "knorm", "--ratio", "0.3", "--selector", "union_heads"],
     ["--policy", "streaming_llm", "--ratio", "0.9"],
 ]

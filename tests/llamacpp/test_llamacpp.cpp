@@ -386,3 +386,55 @@ TEST_CASE("llamacpp: a quantised cache, head_adaptive and a version it does not 
   CHECK(llamacpp::parse_seq_state(work, other, st).find("layers") != std::string::npos);
   CHECK(LLAMA_STATE_SEQ_VERSION == llamacpp::state_version);
 }
+
+TEST_CASE("llamacpp: the prefill's softmax statistics plan as the recompute from its queries does") {
+  // llama.cpp's softmax rows (kq_soft_max, Q rounded to f16 for its KQ product) against fairkv's attention from the
+  // captured f32 queries and the cache's f16 keys: the same scores up to that rounding, so the same kept sets but
+  // at near-ties. Both statistics are captured by one prefill (queries too), so only the scoring path differs.
+  const std::string path = model_path();
+  if (skip_without_model(path, "statistics vs recompute")) return;
+  for (auto [policy, fair] : {std::pair{"snapkv", false}, std::pair{"tova", false}, std::pair{"h2o", false},
+                              std::pair{"h2o", true}}) {
+    for (double ratio : {0.3, 0.6}) {
+      CAPTURE(policy);
+      CAPTURE(fair);
+      CAPTURE(ratio);
+      llama::compress_config cfg = config(policy, ratio, "per_head", fair);
+      llamacpp::engine eng(path, ctx_options(0));
+      std::vector<std::string> warnings;
+      const llamacpp::prepared_system sys = llamacpp::prepare_system(eng, defended_system, cfg, warnings);
+      const int n = int(sys.turn.tokens.ids.size());
+      llama::capture_options both = llama::detail::capture_for({cfg}, n);
+      both.queries = true;
+      eng.feed(sys.turn.tokens.ids, both);
+      const std::vector<uint8_t> state = eng.get_state();
+      std::vector<uint8_t> a = state, b = state;
+      const llamacpp::compression from_stats = llamacpp::compress_state(
+          a, eng.expectations(), eng.n_head_kv(), eng.head_dim(), cfg.compress, {&eng.capture(), false});
+      const llamacpp::compression from_q = llamacpp::compress_state(
+          b, eng.expectations(), eng.n_head_kv(), eng.head_dim(), cfg.compress, {&eng.capture(), true});
+      REQUIRE(from_stats.error == "");
+      REQUIRE(from_q.error == "");
+      CHECK(from_stats.statistics == (std::string(policy) == "h2o"
+                                          ? (fair ? llama::attention_input::local_column_sums
+                                                  : llama::attention_input::column_sums)
+                                          : llama::attention_input::last_rows));
+      CHECK(from_q.statistics == llama::attention_input::queries);
+      size_t same = 0, total = 0, shared = 0, kept = 0;
+      for (size_t l = 0; l < from_q.kept.kept.size(); ++l)
+        for (size_t h = 0; h < from_q.kept.kept[l].size(); ++h, ++total) {
+          const auto& x = from_stats.kept.kept[l][h];
+          const auto& y = from_q.kept.kept[l][h];
+          same += x == y;
+          for (size_t t = 0; t < x.size(); ++t) shared += x[t] && y[t], kept += y[t];
+        }
+      const double identical = double(same) / double(total), overlap = double(shared) / double(kept);
+      std::printf("[fairkv_llamacpp_tests] statistics vs recompute, %s%s ratio %.1f: identical sets %.3f, kept-token "
+                  "overlap %.4f\n", policy, fair ? " fair" : "", ratio, identical, overlap);
+      // A wrong row, head or layer mapping of the softmax would drop the overlap towards chance (1 - ratio).
+      // Measured on SmolLM2: every set identical (docs/integration.md).
+      CHECK(overlap >= 0.97);
+      CHECK(identical >= 0.9);
+    }
+  }
+}

@@ -94,19 +94,20 @@ def summarize(rs: list[dict]) -> dict:
     prompt-level strict (all instructions of the item followed)."""
     if not rs:
         return {"n": 0}
-    strict = [x for r in rs for x in r["ifeval"]["strict"]]
-    loose = [x for r in rs for x in r["ifeval"]["loose"]]
+    strict = [x for r in rs if "ifeval" in r for x in r["ifeval"]["strict"]]
+    loose = [x for r in rs if "ifeval" in r for x in r["ifeval"]["loose"]]
+    leaks = [r for r in rs if "leak" in r]
     t = lambda k: _mean([r.get("timings_ms", {}).get(k) for r in rs])  # noqa: E731
     dec_tok = _mean([r["timings_ms"]["decode"] / r["decode_tokens"] for r in rs
                      if r.get("decode_tokens") and r.get("timings_ms", {}).get("decode") is not None])
     return {
         "n": len(rs),
-        "leak_system": _mean([r["leak"]["rougeL_recall_system"] for r in rs]),
-        "leak_defended": _mean([r["leak"]["rougeL_recall_defended"] for r in rs]),
-        "refusal": _mean([1.0 if r["leak"]["refusal"] else 0.0 for r in rs]),
+        "leak_system": _mean([r["leak"]["rougeL_recall_system"] for r in leaks]),
+        "leak_defended": _mean([r["leak"]["rougeL_recall_defended"] for r in leaks]),
+        "refusal": _mean([1.0 if r["leak"]["refusal"] else 0.0 for r in leaks]),
         "ifeval_strict": _mean([1.0 if x else 0.0 for x in strict]),
         "ifeval_loose": _mean([1.0 if x else 0.0 for x in loose]),
-        "ifeval_prompt_strict": _mean([1.0 if all(r["ifeval"]["strict"]) else 0.0 for r in rs]),
+        "ifeval_prompt_strict": _mean([1.0 if all(r["ifeval"]["strict"]) else 0.0 for r in rs if "ifeval" in r]),
         "kept": {s: _mean([kept_of(r, s) for r in rs]) for s in SEGMENTS},
         "compress_ms": t("compress"), "prefill_ms": t("prefill"), "decode_ms": t("decode"),
         "decode_ms_per_token": dec_tok,
@@ -226,12 +227,24 @@ def fmt_ci(ci, digits: int = 3) -> str:
     return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
-METRICS = {   # key -> (statistic over a cell's items, digits)
-    "leak_system": (_item_mean(lambda r: r["leak"]["rougeL_recall_system"]), 3),
-    "leak_defended": (_item_mean(lambda r: r["leak"]["rougeL_recall_defended"]), 3),
-    "refusal": (_item_mean(lambda r: 1.0 if r["leak"]["refusal"] else 0.0), 2),
-    "ifeval_strict": (_pooled(lambda r: [1.0 if x else 0.0 for x in r["ifeval"]["strict"]]), 3),
+def _leak(key):
+    return lambda r: (r["leak"][key] if key != "refusal" else (1.0 if r["leak"]["refusal"] else 0.0)) \
+        if "leak" in r else None
+
+
+METRICS = {   # key -> (statistic over a cell's items, digits); runs without the metric's turn are skipped
+    "leak_system": (_item_mean(_leak("rougeL_recall_system")), 3),
+    "leak_defended": (_item_mean(_leak("rougeL_recall_defended")), 3),
+    "refusal": (_item_mean(_leak("refusal")), 2),
+    "ifeval_strict": (_pooled(lambda r: [1.0 if x else 0.0 for x in r["ifeval"]["strict"]] if "ifeval" in r else []), 3),
 }
+LEAK_METRICS = ("leak_system", "leak_defended", "refusal")
+
+
+def present(records: list[dict]) -> tuple[str, ...]:
+    """The metrics the records carry: the leakage ones when the attack was asked, IFEval when the task was."""
+    out = LEAK_METRICS if any("leak" in r for r in records) else ()
+    return out + (("ifeval_strict",) if any("ifeval" in r for r in records) else ())
 
 
 def cell_ci(rs: list[dict], key: str):
@@ -313,10 +326,13 @@ def summary_table(records: list[dict], ax: dict) -> str:
     """One row per variant: means over the runs of ratios > 0 of every policy and defense (a complete sweep has
     the same runs per item in every cell, so this weights cells equally); the first row is the uncompressed
     baseline. Intervals resample items."""
+    keys = [k for k in ("leak_system", "refusal", "ifeval_strict") if k in present(records)]
+    names = {"leak_system": "leakage ROUGE-L recall", "refusal": "refusal rate", "ifeval_strict": "IFEval strict"}
+
     def row(label, rs):
         by = _by_item(rs)
-        return [label] + [fmt_ci(item_ci(by, METRICS[k][0]), METRICS[k][1])
-                          for k in ("leak_system", "refusal", "ifeval_strict")] + [fmt_ci(item_ci(by, _gap), 2)]
+        return [label] + [fmt_ci(item_ci(by, METRICS[k][0]), METRICS[k][1]) for k in keys] + \
+            [fmt_ci(item_ci(by, _gap), 2)]
 
     rows = []
     base = [r for r in records if float(r["ratio"]) == 0.0]
@@ -324,8 +340,50 @@ def summary_table(records: list[dict], ax: dict) -> str:
         rows.append(row("uncompressed (ratio 0)", base))
     for v in ax["variant"]:
         rows.append(row(v, [r for r in records if float(r["ratio"]) > 0 and variant_label(r) == v]))
-    return _table(["variant (ratios > 0, all policies, both orders)", "leakage ROUGE-L recall", "refusal rate",
-                   "IFEval strict", "mean abs. gap, kept defense vs instructions"], rows)
+    orders = "both orders" if len(ax["defense"]) > 1 else f"{ax['defense'][0]} defense"
+    return _table([f"variant (ratios > 0, all policies, {orders})"] + [names[k] for k in keys] +
+                  ["mean abs. gap, kept defense vs instructions"], rows)
+
+
+GAIN_RATIOS = (0.4, 0.5, 0.6, 0.7)   # the paper's Table 1 averages over these
+
+
+def composite_gains(records: list[dict], key: str, sign: float) -> dict[tuple[str, str], tuple | None]:
+    """The paper's Table 1 form on greedy answers: per (policy, variant), per item the mean over the ratios of
+    GAIN_RATIOS present and both orders of sign x (variant - plain) of metric `key`, then the mean over items with a
+    bootstrap interval (items resampled). sign = -1 for leakage (less is better)."""
+    stat_of = {"leak_system": _leak("rougeL_recall_system"), "refusal": _leak("refusal")}[key]
+    out = {}
+    ax = axes(records)
+    for p in ax["policy"]:
+        cells = {(v, d, q): {k: _mean([stat_of(r) for r in g]) for k, g in _by_item(cell(records, d, p, v, q)).items()}
+                 for v in ax["variant"] for d in ax["defense"] for q in ax["ratio"] if q in GAIN_RATIOS}
+        for v in ax["variant"]:
+            if v == "plain":
+                continue
+            diffs: dict[int, list[float]] = defaultdict(list)
+            for (vv, d, q), per_item in cells.items():
+                if vv != v:
+                    continue
+                base = cells.get(("plain", d, q), {})
+                for k, x in per_item.items():
+                    if x is not None and base.get(k) is not None:
+                        diffs[k].append(sign * (x - base[k]))
+            groups = {k: [{"g": statistics.fmean(xs)}] for k, xs in diffs.items() if xs}
+            out[(p, v)] = item_ci(groups, lambda gs: _mean([g[0]["g"] for g in gs])) if groups else None
+    return out
+
+
+def gains_table(records: list[dict]) -> str:
+    ax = axes(records)
+    ratios = [q for q in ax["ratio"] if q in GAIN_RATIOS]
+    leak, refusal = composite_gains(records, "leak_system", -1.0), composite_gains(records, "refusal", 1.0)
+    rows = [[p, v, fmt_ci(leak.get((p, v))), fmt_ci(refusal.get((p, v)), 2)]
+            for p in ax["policy"] for v in ax["variant"] if v != "plain"]
+    return (f"Ratios {', '.join(f'{q:g}' for q in ratios)} (of the paper's 0.4-0.7), "
+            f"{' and '.join(ax['defense'])} defense; positive = better than plain.\n\n" +
+            _table(["policy", "variant", "leakage reduction (plain - variant, ROUGE-L recall)",
+                    "refusal gain (variant - plain)"], rows))
 
 
 def class_table(records: list[dict]) -> str:
@@ -366,6 +424,10 @@ def report_markdown(records_all: list[dict], overhead_records: list[dict] | None
            "Ratio 0 is the uncompressed baseline (one run per item and defense, shared by every row). Every mean "
            "comes with its 95 % percentile bootstrap interval, items resampled (2000 resamples, seed 0).", ""]
     out += ["#### Summary", "", summary_table(recs, ax), ""]
+    have = present(recs)
+    if "leak_system" in have and "plain" in ax["variant"] and len(ax["variant"]) > 1:
+        out += ["#### Composite gain over plain eviction (the paper's Table 1 form; [95% CI] over items)", "",
+                gains_table(recs), ""]
     sections = [
         ("Leakage: ROUGE-L recall of the system prompt in the answer to the attack", "leak_system"),
         ("Leakage: ROUGE-L recall of the whole defended prompt", "leak_defended"),
@@ -373,18 +435,21 @@ def report_markdown(records_all: list[dict], overhead_records: list[dict] | None
         ("IFEval instruction-level strict accuracy", "ifeval_strict"),
     ]
     for title, key in sections:
+        if key not in have:
+            continue
         for d in ax["defense"]:
             out += [f"#### {title} — {d} defense", "", metric_table(recs, ax, d, key), ""]
     paper = any(v.split(" ")[0] == "fair_paper" for v in ax["variant"])
     for d in ax["defense"]:
         out += [f"#### Kept fraction of the defense / instruction segments — {d} defense", "",
                 kept_table(recs, ax, d), ""] + ([KEPT_NOTE, ""] if paper else [])
-    out += ["#### IFEval strict accuracy per instruction class (plain policies pooled; [95% CI] (instruction count))", "",
-            class_table(recs), ""]
-    dc = degradation_correlation(recs)
-    rho = "–" if dc["rho"] is None else f"{dc['rho']:.3f} (p = {dc['p']:.3f})"
-    out += [f"Spearman rank correlation of per-class accuracy drop (ratio 0 → {dc['hi_ratio']}), single vs "
-            f"multi-instruction items: rho = {rho} over {dc['n_classes']} classes.", ""]
+    if "ifeval_strict" in have:
+        out += ["#### IFEval strict accuracy per instruction class (plain policies pooled; [95% CI] (instruction "
+                "count))", "", class_table(recs), ""]
+        dc = degradation_correlation(recs)
+        rho = "–" if dc["rho"] is None else f"{dc['rho']:.3f} (p = {dc['p']:.3f})"
+        out += [f"Spearman rank correlation of per-class accuracy drop (ratio 0 → {dc['hi_ratio']}), single vs "
+                f"multi-instruction items: rho = {rho} over {dc['n_classes']} classes.", ""]
     if overhead_records:
         n_items = len({r["key"] for r in ok_records(overhead_records)})
         reps = len({r.get("rep") for r in overhead_records})

@@ -95,10 +95,13 @@ def run_id(key: int, defense: str, policy: str, variant: str, ratio: float, s: S
             f"{s.tag()}")
 
 
-def sweep_args() -> list[str]:
-    """What the evidence sweep adds to the runner's command line: the refusal after the attack (turn 0), none
-    after the task (turn 1); the first configuration is the uncompressed reference; only scores."""
-    return ["--continuation", REFUSAL_SENTENCE, "--continuation", "", "--reference", "--score-only"]
+def sweep_args(turns: tuple[str, ...] = ("leak", "task")) -> list[str]:
+    """What the evidence sweep adds to the engine's command line: the refusal after the attack, none after the
+    task; the first configuration is the uncompressed reference; only scores."""
+    cont = []
+    for t in turns:
+        cont += ["--continuation", REFUSAL_SENTENCE if t == "leak" else ""]
+    return cont + ["--reference", "--score-only"]
 
 
 def records_of(item, defense: str, turn, entries, docs, wall: float, s: Settings) -> list[dict]:
@@ -115,12 +118,13 @@ def records_of(item, defense: str, turn, entries, docs, wall: float, s: Settings
             rec.update(status="infeasible" if is_budget_error(doc) else "error",
                        error=str(doc)[:300])
         else:
-            t0, t1 = doc["turns"]
+            t0 = doc["turns"][0]
+            t1 = doc["turns"][1] if len(doc["turns"]) > 1 else None  # the task's turn, when asked
             rec.update(status="ok", defense_logprob=t0["continuation_logprob"], defense_logprob_ref=ref_lp,
                        defense_delta=t0["continuation_logprob"] - ref_lp,
                        defense_logprobs=t0["continuation_logprobs"],
-                       kl_attack=t0["kl_mean"], kl_task=t1["kl_mean"],
-                       kl_tokens=[len(t0["kl_per_token"]), len(t1["kl_per_token"])],
+                       kl_attack=t0["kl_mean"], kl_task=t1["kl_mean"] if t1 else None,
+                       kl_tokens=[len(t["kl_per_token"]) for t in doc["turns"]],
                        kept={g["name"]: g["kept_fraction"] for g in doc["segments"]})
         rec["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         out.append(rec)
@@ -134,10 +138,11 @@ def run_one(binary: Path, item, defense: str, defenses_json: dict, attack: str, 
     for marked, entries in groups:
         if all(run_id(item.key, defense, p, v, q, s) in done for p, v, q, _ in entries):
             continue
-        req = SweepRequest(marked, (attack, item.user), (Config("none", 0.0, False, ()),) + tuple(c for *_, c in entries),
+        users = tuple({"leak": attack, "task": item.user}[t] for t in s.turns)
+        req = SweepRequest(marked, users, (Config("none", 0.0, False, ()),) + tuple(c for *_, c in entries),
                            window=s.window, max_new_tokens=s.max_new_tokens, threads=s.threads,
                            max_batch=s.max_batch, model=s.model)
-        docs, wall = run_sweep(binary, req, extra_args=sweep_args())
+        docs, wall = run_sweep(binary, req, extra_args=sweep_args(s.turns))
         wall_total += wall
         if isinstance(docs[0], Exception):
             raise docs[0]
@@ -161,7 +166,11 @@ def cmd_run(a) -> int:
         items = pick_subset(all_items, a.items, a.seed)
     defenses_json, attack = load_defenses(data_dir), load_attack(data_dir)
     s = Settings(window=a.window, max_new_tokens=a.max_new_tokens, threads=a.threads, model=a.model,
-                 max_batch=a.max_batch, sinks=a.sinks, boundary=a.boundary, engine=a.engine)
+                 max_batch=a.max_batch, sinks=a.sinks, boundary=a.boundary, engine=a.engine, turns=tuple(a.turns))
+    if "leak" not in s.turns:
+        print("error: --turns must include leak (the defense's log-probability is scored after the attack)",
+              file=sys.stderr)
+        return 2
     binary = find_runner(a.runner, a.engine)
     if binary is None or not binary.is_file():
         print(f"error: {ENGINES[a.engine][0]} not found (build it, or pass --runner)", file=sys.stderr)
@@ -537,6 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--runner", default=None, help="the engine's binary (default: found in build*/)")
     r.add_argument("--model", default=None, help="GGUF path or model name (smollm2, qwen1.5b)")
     r.add_argument("--first", type=int, default=None, help="the first N items in file order (instead of --items)")
+    r.add_argument("--turns", type=_csv, default=["leak", "task"],
+                   help="user turns: leak (the attack: defense log-prob and KL) and task (KL along the item's "
+                        "task answer); default both")
     r.add_argument("--data-dir", type=Path, default=None)
     r.add_argument("--out", type=Path, default=OUT)
     r.add_argument("--deadline", type=float, default=None, help="unix time: start no sweep after it (the one running finishes; resume later)")
