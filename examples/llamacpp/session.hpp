@@ -31,7 +31,7 @@ namespace llamacpp {
 
 struct session_options {
   llama::runner_options run;  // what to run, as fairkv-llama takes it (model, system, users, configs, scoring)
-  context_options context;    // llama.cpp's own knobs; context.n_ctx 0: the tokens the run needs per sequence
+  context_options context{.n_ctx = 0};  // llama.cpp's own knobs; n_ctx 0: the tokens the run needs per sequence
   bool recompute_attention = false;  // attention scorers recompute from the captured queries (the reference path)
 };
 
@@ -250,7 +250,9 @@ inline std::vector<session_report> run_configs(session_options o, std::vector<ll
   auto t0 = clock::now();
   if (opt.model_path.empty()) opt.model_path = llama::resolve_model("");
   context_options ctx = o.context;
-  if (opt.forward.threads > 0) ctx.threads = opt.forward.threads;
+  // llama.cpp's own default is 4 threads whatever the machine: on 2 cores its spinning barriers then wait for
+  // descheduled threads (a SmolLM2 run took 20 s instead of 0.6 s). The runner's default: the hardware threads.
+  ctx.threads = opt.forward.threads > 0 ? opt.forward.threads : (ctx.threads > 0 ? ctx.threads : llama::default_threads());
   if (opt.forward.batch > 0) ctx.n_batch = opt.forward.batch;
   const auto m = std::make_shared<const model>(opt.model_path, ctx.batch_invariant);
   const double load_ms = ms_between(t0, clock::now());
@@ -284,7 +286,7 @@ inline std::vector<session_report> run_configs(session_options o, std::vector<ll
   }
   const double prefill_ms = ms_between(t0, clock::now());
   llama::detail::stamp_reports(runs, opt, {"llama.cpp", eng.n_layer(), eng.n_head_kv(), n_sys,
-                                           ctx.threads > 0 ? ctx.threads : int(llama_n_threads(eng.ctx())),
+                                           ctx.threads,
                                            load_ms, prefill_ms});
   std::vector<session_report> reps(configs.size());
   for (session_report& r : reps) r.batch_invariant = ctx.batch_invariant, r.system_prefill_ms = prefill_ms;

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from .data import default_data_dir, load_defenses, load_items, pick_subset
-from .runner import Config, SweepRequest, find_runner, run_sweep
+from .runner import ENGINES, Config, SweepRequest, find_runner, run_sweep
 from .segments import build_system_turn
 
 MODES = ("plain", "markers", "lines", "paragraphs", "sentences")
@@ -44,11 +44,12 @@ def bootstrap_ci(values: list[float], n: int = 2000, seed: int = 0) -> tuple[flo
     return means[int(0.025 * n)], means[int(0.975 * n) - 1]
 
 
-def run_item(binary: Path, item, defense: str, defenses: dict, policy: str, ratio: float) -> list[dict]:
+def run_item(binary: Path, item, defense: str, defenses: dict, policy: str, ratio: float,
+             model: str | None = None) -> list[dict]:
     turn = build_system_turn(item.system, defense, defenses)
     configs = (Config(policy, ratio, False, ()), Config(policy, ratio, True, ()),
                *(Config(policy, ratio, True, (), segments=m) for m in MODES[2:]))
-    reports, _ = run_sweep(binary, SweepRequest(turn.marked, ("Hi.",), configs, max_new_tokens=0))
+    reports, _ = run_sweep(binary, SweepRequest(turn.marked, ("Hi.",), configs, max_new_tokens=0, model=model))
     gold = reports[1]["segments"]
     out = []
     for mode, rep in zip(MODES, reports):
@@ -91,13 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--items", type=int, default=100)
     ap.add_argument("--policy", default="snapkv")
     ap.add_argument("--ratio", type=float, default=0.5)
-    ap.add_argument("--runner", default=None)
+    ap.add_argument("--engine", choices=tuple(ENGINES), default="runner",
+                    help="runner: fairkv-llama; llamacpp: fairkv-llamacpp (fairkv inside llama.cpp)")
+    ap.add_argument("--runner", default=None, help="the engine's binary (default: found in build*/)")
+    ap.add_argument("--model", default=None, help="GGUF path or model name (smollm2, qwen1.5b)")
     ap.add_argument("--data", default=None)
     ap.add_argument("--out", default=None, help="write every record as JSON lines")
     args = ap.parse_args(argv)
-    binary = find_runner(args.runner)
+    binary = find_runner(args.runner, args.engine)
     if binary is None:
-        print("fairkv-llama not found (build it, or pass --runner)", file=sys.stderr)
+        print(f"{ENGINES[args.engine][0]} not found (build it, or pass --runner)", file=sys.stderr)
         return 2
     data = Path(args.data) if args.data else default_data_dir()
     defenses = load_defenses(data)
@@ -105,12 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     records, t0 = [], time.monotonic()
     for n, item in enumerate(items, 1):
         for defense in ("standard", "flipped"):
-            records += run_item(binary, item, defense, defenses, args.policy, args.ratio)
+            records += run_item(binary, item, defense, defenses, args.policy, args.ratio, args.model)
         print(f"\r{n}/{len(items)} items, {time.monotonic() - t0:.0f} s", end="", file=sys.stderr)
     print(file=sys.stderr)
     if args.out:
         Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in records))
-    print(f"{len(items)} items x 2 defense orders, {args.policy} ratio {args.ratio:g}, "
+    print(f"{args.engine} ({args.model or 'smollm2'}): {len(items)} items x 2 defense orders, {args.policy} ratio "
+          f"{args.ratio:g}, "
           f"{time.monotonic() - t0:.0f} s\n")
     print(summarize(records))
     return 0
