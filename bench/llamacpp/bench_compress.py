@@ -73,15 +73,14 @@ for model in a.models.split(","):
         print(f"\n{model}, {n_sys}-token system turn ({len(system.splitlines())} segments), ratio {a.ratio}, "
               f"{a.threads} threads, medians of {a.reps} interleaved rounds; baseline prefill (no capture) "
               f"{base:.0f} ms")
-        print("| policy | statistics | prefill ms | prefill / baseline | compress ms | (prefill - baseline + compress) "
-              "/ baseline |")
+        # Compression against the baseline prefill is the ratio that holds up on a shared 2-core machine; a
+        # policy's own prefill spreads by more than its capture costs (the capture bench resolves that).
+        print("| policy | statistics | prefill ms | prefill / baseline | compress ms | compress / baseline prefill |")
         print("|---|---|---|---|---|---|")
         for policy, fair in configs[1:]:
             rs = runs[(policy, fair)]
             pre = med([r["state"]["system_prefill_ms"] for r in rs])
             comp = med([r["timings_ms"]["compress"] + r["state"]["load_ms"] for r in rs])
-            cost = med([(r["state"]["system_prefill_ms"] - base + r["timings_ms"]["compress"] + r["state"]["load_ms"])
-                        / base for r in rs])
             print(f"| {policy}{' fair' if fair else ''} | {rs[0]['statistics']} | {pre:.0f} | {pre / base:.3f} | "
-                  f"{comp:.1f} | {100 * cost:.2f} % |")
+                  f"{comp:.1f} | {100 * comp / base:.2f} % |")
         sys.stdout.flush()

@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overhead", type=Path, default=OVERHEAD_OUT,
                    help="JSONL of `overhead` for the overhead table (default: docs/data/pitfalls_overhead.jsonl)")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--img-prefix", default="pitfalls_", help="figure file names start with this (default pitfalls_)")
+    p.add_argument("--block", default=None,
+                   help="the generated block of --results-md to replace: <!-- BEGIN GENERATED: BLOCK --> ... "
+                        "<!-- END GENERATED: BLOCK --> (default: the 135M report's block)")
     p.add_argument("--all-items", action="store_true",
                    help="also use items that lack some configurations (default: only complete items)")
 
@@ -220,15 +224,20 @@ def cmd_report(a) -> int:
     a.md_out.write_text(md + "\n", encoding="utf-8")
     print(f"wrote {a.md_out}", file=sys.stderr)
     if not a.no_plots:
-        for path in plots.write_all(records, a.img_dir):
+        for path in plots.write_all(records, a.img_dir, a.img_prefix):
             print(f"wrote {path}", file=sys.stderr)
     if a.results_md and a.results_md.is_file():
+        begin, end = (BEGIN, END) if a.block is None else (f"<!-- BEGIN GENERATED: {a.block} -->",
+                                                           f"<!-- END GENERATED: {a.block} -->")
         text = a.results_md.read_text(encoding="utf-8")
-        if BEGIN in text and END in text:
-            head, rest = text.split(BEGIN, 1)
-            _, tail = rest.split(END, 1)
-            a.results_md.write_text(f"{head}{BEGIN}\n{md}\n{END}{tail}", encoding="utf-8")
+        if begin in text and end in text:
+            head, rest = text.split(begin, 1)
+            _, tail = rest.split(end, 1)
+            a.results_md.write_text(f"{head}{begin}\n{md}\n{end}{tail}", encoding="utf-8")
             print(f"updated {a.results_md}", file=sys.stderr)
+        elif a.block is not None:
+            print(f"error: {a.results_md} has no block '{a.block}'", file=sys.stderr)
+            return 2
     return 0
 
 

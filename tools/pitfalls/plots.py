@@ -87,19 +87,63 @@ def _kept_figure(g, ax, path: Path) -> Path:
     return path
 
 
-def write_all(records_all: list[dict], img_dir: Path) -> list[Path]:
+def _variant_figure(recs: list[dict], ax, key: str, ylabel: str, path: Path, title: str) -> Path:
+    """The paper's layout: rows defense orders, columns policies, one line per variant, each point the mean over
+    items with its bootstrap 95 % interval as a band (aggregate.cell_ci)."""
+    plt = _plt()
+    nd, npol = len(ax["defense"]), len(ax["policy"])
+    fig, axs = plt.subplots(nd, npol, figsize=(max(6.0, 3.0 * npol), 2.8 * nd + 0.4), squeeze=False, sharex=True,
+                            sharey=True)
+    for i, d in enumerate(ax["defense"]):
+        for j, p in enumerate(ax["policy"]):
+            a = axs[i][j]
+            for v in ax["variant"]:
+                pts = [(q, agg.cell_ci(agg.cell(recs, d, p, v, q), key)) for q in ax["ratio"]]
+                pts = [(q, ci) for q, ci in pts if ci is not None]
+                if not pts:
+                    continue
+                qs = [q for q, _ in pts]
+                line, = a.plot(qs, [ci[0] for _, ci in pts], linestyle=STYLES.get(v.split(" ")[0], "-"), marker="o",
+                               ms=3, label=v)
+                a.fill_between(qs, [ci[1] for _, ci in pts], [ci[2] for _, ci in pts], color=line.get_color(),
+                               alpha=0.12, lw=0)
+            a.set_title(f"{p}, {d} defense", fontsize=9)
+            a.grid(True, alpha=0.3)
+            if i == nd - 1:
+                a.set_xlabel("compression ratio")
+            if j == 0:
+                a.set_ylabel(ylabel)
+    axs[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_all(records_all: list[dict], img_dir: Path, prefix: str = "pitfalls_") -> list[Path]:
+    """The figures of the metrics the records carry, named <prefix><what>.png."""
     recs = agg.ok_records(records_all)
     if not recs:
         return []
     img_dir.mkdir(parents=True, exist_ok=True)
     ax = agg.axes(recs)
     g = agg.grid(recs)
-    return [
-        _metric_figure(g, ax, "leak_system", "ROUGE-L recall", img_dir / "pitfalls_leakage.png",
-                       "Leakage: ROUGE-L recall of the system prompt in the attack's answer", auto_y=True),
-        _metric_figure(g, ax, "refusal", "refusal rate", img_dir / "pitfalls_refusal.png",
-                       "Fraction of attack answers with the defense's refusal"),
-        _metric_figure(g, ax, "ifeval_strict", "IFEval accuracy", img_dir / "pitfalls_ifeval.png",
-                       "IFEval instruction-level strict accuracy"),
-        _kept_figure(g, ax, img_dir / "pitfalls_kept_fraction.png"),
-    ]
+    have = agg.present(recs)
+    out = []
+    if "leak_system" in have:
+        out += [
+            _metric_figure(g, ax, "leak_system", "ROUGE-L recall", img_dir / f"{prefix}leakage.png",
+                           "Leakage: ROUGE-L recall of the system prompt in the attack's answer", auto_y=True),
+            _variant_figure(recs, ax, "leak_system", "ROUGE-L recall", img_dir / f"{prefix}leakage_variants.png",
+                            "Leakage against compression ratio, one line per variant (bands: 95 % CI over items)"),
+            _metric_figure(g, ax, "refusal", "refusal rate", img_dir / f"{prefix}refusal.png",
+                           "Fraction of attack answers with the defense's refusal"),
+            _variant_figure(recs, ax, "refusal", "refusal rate", img_dir / f"{prefix}refusal_variants.png",
+                            "Refusal rate against compression ratio, one line per variant (bands: 95 % CI over items)"),
+        ]
+    if "ifeval_strict" in have:
+        out.append(_metric_figure(g, ax, "ifeval_strict", "IFEval accuracy", img_dir / f"{prefix}ifeval.png",
+                                  "IFEval instruction-level strict accuracy"))
+    out.append(_kept_figure(g, ax, img_dir / f"{prefix}kept_fraction.png"))
+    return out

@@ -121,6 +121,24 @@ def test_report_writes_tables_plots_and_results_block(tmp_path):
     assert "old" not in text and "before" in text and "after" in text and "| knorm | plain | 0.200 [0.100, 0.300] | 0.700" in text
 
 
+def test_report_into_a_named_block_with_prefixed_figures(tmp_path):
+    # A second report (another model's) fills its own block and leaves the default one alone; a block the file
+    # lacks is an error, not a silent no-op.
+    results_md = tmp_path / "results.md"
+    results_md.write_text(f"{cli.BEGIN}\nkeep\n{cli.END}\n<!-- BEGIN GENERATED: other -->\nold\n"
+                          "<!-- END GENERATED: other -->\n")
+    img = tmp_path / "img"
+    args = ["report", str(DATA), "--img-dir", str(img), "--md-out", str(tmp_path / "r.md"), "--all-items",
+            "--overhead", "", "--results-md", str(results_md), "--img-prefix", "q_"]
+    assert cli.main(args + ["--block", "other"]) == 0
+    text = results_md.read_text()
+    assert "keep" in text and "old" not in text and "| knorm | plain | 0.200 [0.100, 0.300] | 0.700" in text
+    for name in ("q_leakage.png", "q_leakage_variants.png", "q_refusal_variants.png", "q_ifeval.png"):
+        assert (img / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (img / "pitfalls_leakage.png").exists()
+    assert cli.main(args + ["--block", "missing", "--no-plots"]) == 2
+
+
 def test_complete_only_drops_items_of_a_stopped_sweep(records):
     # Item 1 has baseline, knorm plain/fair and an infeasible whitelist run; item 2 lacks the whitelist run.
     kept, dropped = agg.complete_only(records)
