@@ -31,6 +31,7 @@
 
 #include "ggml-backend.h"
 #include "ggml.h"
+#include "gguf.h"
 #include "llama.h"
 
 #include "prefill_capture.hpp"
@@ -115,6 +116,7 @@ class model {
     n_head_kv_ = llama_model_n_head_kv(model_.get());
     head_dim_ = llama_model_n_embd(model_.get()) / n_head_;
     const std::string arch = meta("general.architecture");
+    check_positive_hparams(path, arch);
     if (const std::string kl = meta(arch + ".attention.key_length"); !kl.empty()) head_dim_ = std::atoi(kl.c_str());
     scale_ = 1.0f / std::sqrt(float(head_dim_));
     if (const std::string sc = meta(arch + ".attention.scale"); !sc.empty()) scale_ = std::strtof(sc.c_str(), nullptr);
@@ -179,6 +181,26 @@ class model {
 
 
  private:
+  // llama.cpp loads a GGUF whose norm epsilon or RoPE base is negative, NaN or infinite, then aborts in a
+  // GGML_ASSERT at the first decode (or computes NaN): refuse it by name at load, as fairkv-llama does. Read with
+  // gguf itself, not llama_model_meta_val_str, whose 6 decimals would print an epsilon of 1e-7 as 0.
+  static void check_positive_hparams(const std::string& path, const std::string& arch) {
+    const gguf_init_params gp{/*no_alloc=*/true, /*ctx=*/nullptr};
+    const std::unique_ptr<gguf_context, decltype(&gguf_free)> g(gguf_init_from_file(path.c_str(), gp), &gguf_free);
+    if (!g) throw std::runtime_error("'" + path + "': gguf could not read the metadata llama.cpp loaded");
+    for (const char* k : {".attention.layer_norm_rms_epsilon", ".attention.layer_norm_epsilon", ".rope.freq_base",
+                          ".attention.scale"}) {
+      const std::string key = arch + k;
+      const int64_t id = gguf_find_key(g.get(), key.c_str());
+      if (id < 0) continue;
+      const gguf_type t = gguf_get_kv_type(g.get(), id);
+      if (t != GGUF_TYPE_FLOAT32 && t != GGUF_TYPE_FLOAT64) continue;  // llama.cpp refuses other types itself
+      const double x = t == GGUF_TYPE_FLOAT32 ? double(gguf_get_val_f32(g.get(), id)) : gguf_get_val_f64(g.get(), id);
+      if (!std::isfinite(x) || !(x > 0))
+        throw std::runtime_error("'" + path + "': " + key + " = " + std::to_string(x) +
+                                 " must be a positive finite number");
+    }
+  }
   std::string meta(const std::string& key) const {
     char buf[256];
     const int n = llama_model_meta_val_str(model_.get(), key.c_str(), buf, sizeof buf);

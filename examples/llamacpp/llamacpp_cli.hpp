@@ -117,6 +117,13 @@ inline args parse(int argc, const char* const* argv) {
     fail("--flash-attn", "a sweep decodes batch-invariantly, with flash attention off");
   if (a.opt.context.batch_invariant && a.opt.context.flash_attn == 1)
     fail("--batch-invariant", "needs flash attention off");
+  // llama.cpp stores V transposed without flash attention, and a transposed V cannot be quantised: refuse here,
+  // by name, rather than let the context fail to come up after the model has loaded.
+  if (a.opt.context.type_v != GGML_TYPE_F16 && a.opt.context.flash_attn != 1)
+    fail("--cache-type", std::string("a quantised V cache needs flash attention on (--flash-attn on)") +
+                             (a.sweep || a.opt.context.batch_invariant
+                                  ? ", which sweeps and --batch-invariant turn off: use f16"
+                                  : ""));
   if (a.opt.run.max_batch > max_slots - 2)
     fail("--max-batch", "llama.cpp decodes at most " + std::to_string(max_slots - 2) + " sequences together");
   return a;

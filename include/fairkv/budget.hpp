@@ -27,10 +27,9 @@ namespace fairkv {
 // A sequence shorter than the token budget is kept whole: the budget is a ceiling, not a target to pad to.
 // A bare double converts to a ratio, so every call that passed a ratio still compiles and means the same.
 struct keep_target {
-  static constexpr std::int64_t no_tokens = INT64_MIN;  // `tokens` when the ratio applies
-
-  double ratio = 0.0;               // fraction evicted, in [0, 1)
-  std::int64_t tokens = no_tokens;  // tokens kept per KV head, >= 1
+  double ratio = 0.0;        // fraction evicted, in [0, 1)
+  std::int64_t tokens = 0;   // tokens kept per KV head, >= 1; read only where by_tokens()
+  bool token_budget = false; // a flag, not a sentinel value of `tokens`: every int64 a caller passes is checked
 
   constexpr keep_target() noexcept = default;
   constexpr keep_target(double r) noexcept : ratio(r) {}  // NOLINT(google-explicit-constructor): a ratio is a target
@@ -39,9 +38,10 @@ struct keep_target {
   [[nodiscard]] static constexpr keep_target of_tokens(std::int64_t n) noexcept {
     keep_target t;
     t.tokens = n;
+    t.token_budget = true;
     return t;
   }
-  [[nodiscard]] constexpr bool by_tokens() const noexcept { return tokens != no_tokens; }
+  [[nodiscard]] constexpr bool by_tokens() const noexcept { return token_budget; }
 
   // Tokens each KV head of a sequence of L tokens keeps: keep_budget(L, ratio), or min(tokens, L). The target is
   // taken as given (the planners validate it first); a negative token budget gives 0 here.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <random>
 #include <set>
@@ -128,6 +129,10 @@ TEST_CASE("token budget: refusals name the target, before anything is written") 
   CHECK(negative.code() == status::invalid_argument);
   CHECK(std::string(negative.message()) == "the token budget -3 is negative");
   CHECK(refused(keep_target::of_tokens(-1)).code() == status::invalid_argument);  // -1 is no "unset" sentinel
+  // Nor is the most negative budget (it once was: INT64_MIN meant "no budget", and kept every token).
+  const result lowest = refused(keep_target::of_tokens(std::numeric_limits<std::int64_t>::min()));
+  CHECK(lowest.code() == status::invalid_argument);
+  CHECK(std::string(lowest.message()) == "the token budget -9223372036854775808 is negative");
   keep_target both = keep_target::of_tokens(8);
   both.ratio = 0.5;
   const result b = refused(both);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -121,7 +122,8 @@ void check_paged(std::mt19937& rng, page_layout layout) {
       REQUIRE(same_bits(&kpool[i], &k0[i], 1));
       REQUIRE(same_bits(&vpool[i], &v0[i], 1));
     }
-  const auto usage = cpu::compacted_pages(plan.view(), 0, P);
+  cpu::page_usage usage;
+  REQUIRE(cpu::compacted_pages(plan.view(), 0, P, usage).ok());
   CHECK(usage.pages == 2);
   CHECK(usage.last_page_len == 1);
 }
@@ -145,6 +147,44 @@ TEST_CASE("paged compaction (NHD and HND) moves tokens within each sequence's ow
     check_paged<bfloat16_t>(rng, page_layout::nhd);
     check_paged<half_t>(rng, page_layout::hnd);
   }
+}
+
+TEST_CASE("compacted_pages: pages per sequence, refusals for what an engine would free wrongly") {
+  keep_plan plan;
+  plan.resize(2, 2, 10);
+  auto v = plan.view();
+  v.lengths[0] = 10;
+  v.lengths[1] = 7;
+  v.counts[0] = 5, v.counts[1] = 9;  // sequence 0: ragged heads, the longest (9) decides
+  v.counts[2] = 0, v.counts[3] = 0;  // sequence 1: nothing kept
+  cpu::page_usage u{-1, -1};
+  REQUIRE(cpu::compacted_pages(plan.view(), 0, 4, u).ok());
+  CHECK(u.pages == 3);
+  CHECK(u.last_page_len == 1);
+  REQUIRE(cpu::compacted_pages(plan.view(), 0, 9, u).ok());
+  CHECK(u.pages == 1);
+  CHECK(u.last_page_len == 9);
+  REQUIRE(cpu::compacted_pages(plan.view(), 1, 4, u).ok());
+  CHECK(u.pages == 0);
+  CHECK(u.last_page_len == 0);
+  REQUIRE(cpu::compacted_pages(plan.view(), 0, std::numeric_limits<std::int64_t>::max(), u).ok());
+  CHECK(u.pages == 1);
+  // Refused, and the caller's usage left as it was.
+  const cpu::page_usage sentinel{-7, -7};
+  auto refused = [&](std::int64_t b, std::int64_t page_size) {
+    cpu::page_usage w = sentinel;
+    const result r = cpu::compacted_pages(plan.view(), b, page_size, w);
+    CHECK(w.pages == sentinel.pages);
+    CHECK(w.last_page_len == sentinel.last_page_len);
+    return r;
+  };
+  CHECK(std::string(refused(0, 0).message()) == "page_size = 0 must be positive");
+  CHECK(refused(0, -16).code() == status::invalid_argument);
+  CHECK(std::string(refused(2, 16).message()) == "sequence 2 is outside the plan's batch of 2");
+  CHECK(refused(-1, 16).code() == status::out_of_range);
+  v.counts[1] = 11;  // more than the sequence's 10 tokens: a corrupt plan
+  CHECK(refused(0, 16).code() == status::invalid_plan);
+  CHECK(cpu::compacted_pages(plan.view(), 1, 16, u).ok());  // sequence 1 does not read sequence 0's rows
 }
 
 TEST_CASE("plan + compact end to end: the compacted cache is the kept tokens in their original order") {

@@ -80,6 +80,21 @@ TEST_CASE("invalid views, shapes and inputs") {
                status::invalid_shape, "not a multiple of the 2 KV heads");
   expect_error(c, snap{}, with_queries(c.kv(), make_contiguous_view(c.q.data(), 1, 2, 4, c.D - 1)), {}, {}, 0.5,
                status::invalid_shape, "head_dim");
+  // The softmax scale: NaN would make every score NaN (the plan falls to the tie-break order), a negative one
+  // inverts attention; 0 still means 1 / sqrt(head_dim).
+  for (const float bad : {std::nanf(""), INFINITY, -INFINITY, -0.125f}) {
+    auto in = with_queries(c.kv(), make_contiguous_view(c.q.data(), 1, 2, 4, c.D));
+    in.scale = bad;
+    expect_error(c, snap{}, in, {}, {}, 0.5, status::invalid_argument, "inputs.scale");
+  }
+  {
+    auto in = with_queries(c.kv(), make_contiguous_view(c.q.data(), 1, 2, 4, c.D));
+    keep_plan by_default, explicit_scale;
+    REQUIRE(cpu::plan(snap{}, in, std::vector<segment>{}, std::vector<std::int32_t>{}, 0.5, by_default).ok());
+    in.scale = 0.5f;  // 1 / sqrt(4)
+    REQUIRE(cpu::plan(snap{}, in, std::vector<segment>{}, std::vector<std::int32_t>{}, 0.5, explicit_scale).ok());
+    CHECK(by_default.kept(0, 1) == explicit_scale.kept(0, 1));
+  }
   // Queries that do not reach back to a segment's window (fair SnapKV scores each segment on its own window).
   using fair_snap = policy<scorers::snapkv<4>, selectors::per_head, allocators::fair>;
   expect_error(c, fair_snap{}, with_queries(c.kv(), make_contiguous_view(c.q.data(), 1, 2, 4, c.D)), {{0, 10}}, {}, 0.5,

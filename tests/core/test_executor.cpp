@@ -11,6 +11,7 @@
 #include <mutex>
 #include <random>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -127,4 +128,57 @@ TEST_CASE("executor: the workspace is sized for the executor's concurrency; the 
   out.resize(1, 4, 50);
   const result r = cpu::plan(four, ws.data(), serial, pol, keys_only(keys), {}, {}, 0.5, out.view());
   CHECK(r.code() == status::insufficient_workspace);
+}
+
+namespace {
+
+// Executors with an engine's bugs: each claims concurrency 4 and misbehaves in run().
+enum class fault { runs_nothing, runs_first_only, runs_one_twice, runs_out_of_range };
+struct faulty_executor {
+  fault kind;
+  [[nodiscard]] std::int64_t concurrency() const noexcept { return 4; }
+  void run(std::int64_t n, fairkv::cpu::task_ref f) const {
+    switch (kind) {
+      case fault::runs_nothing: return;
+      case fault::runs_first_only: f(0); return;
+      case fault::runs_one_twice:
+        for (std::int64_t i = 0; i < n; ++i) f(i);
+        f(n - 1);
+        return;
+      case fault::runs_out_of_range:
+        for (std::int64_t i = 0; i <= n; ++i) f(i);
+        return;
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("executor: a pool that drops, repeats or invents tasks is an internal error, never an ok plan") {
+  using namespace fairkv;
+  const auto keys_data = fairkv_test::random_floats(4 * 50 * 8, 5);
+  auto values_data = fairkv_test::random_floats(4 * 50 * 8, 6);
+  auto keys_copy = keys_data;
+  const auto keys = make_contiguous_view<const float>(keys_data.data(), 1, 4, 50, 8);
+  const policy<scorers::knorm, selectors::per_head, allocators::uniform> pol{};
+  keep_plan good;
+  REQUIRE(cpu::plan(pol, keys_only(keys), {}, {}, 0.5, good).ok());
+  for (const fault kind : {fault::runs_nothing, fault::runs_first_only, fault::runs_one_twice,
+                           fault::runs_out_of_range}) {
+    CAPTURE(static_cast<int>(kind));
+    const faulty_executor ex{kind};
+    keep_plan out;
+    const result r = cpu::plan(ex, pol, keys_only(keys), {}, {}, 0.5, out);
+    CHECK(r.code() == status::internal_error);
+    CHECK(std::string(r.message()).find("must call f(i) once for every i") != std::string::npos);
+    // Compaction through a pool that runs nothing reports it, and nothing of the cache was written.
+    if (kind == fault::runs_nothing) {
+      const auto k0 = keys_copy, v0 = values_data;
+      const result c = cpu::compact(ex, good.view(), make_contiguous_view(keys_copy.data(), 1, 4, 50, 8),
+                                    make_contiguous_view(values_data.data(), 1, 4, 50, 8));
+      CHECK(c.code() == status::internal_error);
+      CHECK(std::memcmp(keys_copy.data(), k0.data(), k0.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(values_data.data(), v0.data(), v0.size() * sizeof(float)) == 0);
+    }
+  }
 }

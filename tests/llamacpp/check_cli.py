@@ -2,7 +2,7 @@
 """fairkv-llamacpp end to end: bad options are refused naming the option before any model is loaded; with the
 default model, a fair snapkv run writes a --json report whose kept sets, state sizes and segment fractions agree
 with each other. Exit 77 (skip) when the default model is not installed, unless FAIRKV_REQUIRE_MODEL=1."""
-import json, os, subprocess, sys, tempfile
+import json, os, struct, subprocess, sys, tempfile
 
 exe = sys.argv[1]
 
@@ -31,6 +31,9 @@ for args, needle in [
     (["--user", "hi", "--flash-attn", "on", "--config", "--policy", "knorm"], "--flash-attn: a sweep decodes"),
     (["--user", "hi", "--batch-invariant", "--flash-attn", "on"], "--batch-invariant: needs flash attention off"),
     (["--user", "hi", "--config", "--policy", "knorm", "--threads", "1"], "--threads: applies to the whole run"),
+    (["--user", "hi", "--cache-type", "q8_0", "--flash-attn", "off"], "--cache-type: a quantised V cache needs flash attention on"),
+    (["--user", "hi", "--cache-type", "q4_0"], "--cache-type: a quantised V cache needs flash attention on (--flash-attn on)"),
+    (["--user", "hi", "--cache-type", "q8_0", "--config", "--policy", "knorm"], "which sweeps and --batch-invariant turn off"),
 ]:
     r = run(*args)
     if r.returncode == 0 or needle not in r.stderr:
@@ -115,6 +118,25 @@ with tempfile.TemporaryDirectory() as d:
                 "sinks kept": all({0, 1, 2, 3} <= set(h) for h in heads),
             }
         failures += [f"{what}: {k}" for k, ok in checks.items() if not ok]
+
+    # A GGUF llama.cpp loads but whose forward pass would abort (a negative RMS-norm epsilon) is refused by name,
+    # with an error exit, not a GGML_ASSERT's SIGABRT.
+    model = os.environ.get("FAIRKV_MODEL") or subprocess.run(
+        ["bash", os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "find_model.sh"), "--no-install"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    data = bytearray(open(model, "rb").read())
+    key = b"llama.attention.layer_norm_rms_epsilon"
+    at = data.find(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+    if at < 8 + len(key) or struct.unpack_from("<I", data, at)[0] != 6:  # GGUF_TYPE_FLOAT32
+        failures.append(f"{model} has no float32 {key.decode()} to mutate")
+    else:
+        for bad in (-1e-5, float("nan")):
+            struct.pack_into("<f", data, at + 4, bad)
+            mutated = os.path.join(d, "bad_eps.gguf")
+            open(mutated, "wb").write(data)
+            r = run("--model", mutated, "--user", "hi", "--max-new-tokens", "1", "--threads", "1")
+            if r.returncode != 1 or "layer_norm_rms_epsilon" not in r.stderr or "positive finite" not in r.stderr:
+                failures.append(f"epsilon {bad}: rc {r.returncode}, stderr {r.stderr[-400:]!r}")
 
 print("\n".join(failures) if failures else "ok")
 sys.exit(1 if failures else 0)

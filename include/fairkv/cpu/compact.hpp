@@ -95,18 +95,41 @@ template <class T>
   return compact(serial_executor{}, plan, view);
 }
 
-// Pages sequence b still needs after compaction, and the fill of its last page.
+// Pages sequence b still needs after compaction, and the fill of its last page. An engine frees pages with the
+// answer, so a wrong one is a use-after-free in the engine: the plan, b and page_size are checked, and `usage` is
+// written only on success.
 struct page_usage {
   std::int64_t pages = 0;
   std::int64_t last_page_len = 0;
 };
-[[nodiscard]] inline page_usage compacted_pages(const_keep_plan_view plan, std::int64_t b,
-                                                std::int64_t page_size) noexcept {
+[[nodiscard]] inline result compacted_pages(const_keep_plan_view plan, std::int64_t b, std::int64_t page_size,
+                                            page_usage& usage) noexcept {
+  // Only sequence b's counts are read: an engine asks once per sequence, so checking the whole plan here would
+  // make freeing a batch's pages quadratic in the batch.
+  if (plan.counts == nullptr || plan.lengths == nullptr)
+    return result::error(status::null_pointer, "plan: counts and lengths must be non-null");
+  if (b < 0 || b >= plan.batch)
+    return result::error(status::out_of_range, "sequence %lld is outside the plan's batch of %lld",
+                         static_cast<long long>(b), static_cast<long long>(plan.batch));
+  if (page_size <= 0)
+    return result::error(status::invalid_argument, "page_size = %lld must be positive",
+                         static_cast<long long>(page_size));
   std::int64_t longest = 0;
-  for (std::int64_t h = 0; h < plan.heads; ++h) longest = longest > plan.count(b, h) ? longest : plan.count(b, h);
-  if (longest == 0) return {};
-  const std::int64_t pages = (longest + page_size - 1) / page_size;
-  return {pages, longest - (pages - 1) * page_size};
+  for (std::int64_t h = 0; h < plan.heads; ++h) {
+    const std::int64_t n = plan.count(b, h);
+    if (n < 0 || n > plan.lengths[b])
+      return result::error(status::invalid_plan, "plan: count of (batch %lld, head %lld) = %lld is outside [0, %lld]",
+                           static_cast<long long>(b), static_cast<long long>(h), static_cast<long long>(n),
+                           static_cast<long long>(plan.lengths[b]));
+    longest = longest > n ? longest : n;
+  }
+  if (longest == 0) {
+    usage = {};
+    return {};
+  }
+  const std::int64_t pages = (longest - 1) / page_size + 1;  // no overflow for any count
+  usage = {pages, longest - (pages - 1) * page_size};
+  return {};
 }
 
 }  // namespace fairkv::cpu

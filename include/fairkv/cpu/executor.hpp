@@ -14,6 +14,7 @@
 // that wants them in parallel calls the planner per layer from its own threads with one workspace per thread.
 #pragma once
 
+#include <atomic>
 #include <concepts>
 #include <cstdint>
 #include <exception>
@@ -72,12 +73,20 @@ template <executor E>
 }
 
 // Items [0, items) split into `tasks` contiguous shares; f(task, item) for each. An executor that throws is a bug
-// in the engine's code, reported as status::internal_error instead of escaping the noexcept planner.
+// in the engine's code, reported as status::internal_error instead of escaping the noexcept planner; so is one that
+// returns without running every task exactly once (a pool that drops jobs): without the count the planner would
+// return ok over rows no task wrote. One relaxed increment per task, at most concurrency() of them per run.
 template <executor E, class F>
 [[nodiscard]] result for_shares(const E& ex, std::int64_t tasks, std::int64_t items, const F& f) noexcept {
+  std::atomic<std::int64_t> ran{0}, stray{0};
   auto share = [&](std::int64_t task) {
+    if (task < 0 || task >= tasks) {  // a share outside [0, tasks) would index past the per-task scratch
+      stray.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
     const std::int64_t b = items * task / tasks, e = items * (task + 1) / tasks;
     for (std::int64_t i = b; i < e; ++i) f(task, i);
+    ran.fetch_add(1, std::memory_order_relaxed);
   };
   if (tasks <= 1) {
     share(0);
@@ -90,6 +99,14 @@ template <executor E, class F>
   } catch (...) {
     return result::error(status::internal_error, "the executor threw");
   }
+  // run() returned, so every call it made has returned (the concept's contract): the counts are final.
+  if (const std::int64_t n = ran.load(std::memory_order_acquire), s = stray.load(std::memory_order_acquire);
+      n != tasks || s != 0)
+    return result::error(status::internal_error,
+                         "the executor ran %lld calls for %lld tasks and %lld outside [0, %lld): run(n, f) must call "
+                         "f(i) once for every i in [0, n)",
+                         static_cast<long long>(n), static_cast<long long>(tasks), static_cast<long long>(s),
+                         static_cast<long long>(tasks));
   return {};
 }
 

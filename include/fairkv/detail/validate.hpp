@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <type_traits>
@@ -105,6 +106,12 @@ template <class S, class A, class KeySource, class Q>
                            "scorer '%s' needs the window's queries (inputs.queries) or the engine's attention "
                            "(inputs.attention%s)",
                            S::name, h2o ? ", inputs.attention_column_sums or inputs.attention_local_column_sums" : "");
+    // The scale multiplies the logits the backend computes from queries: NaN makes every score NaN (the plan
+    // falls to the tie-break order) and a negative one inverts attention. 0 asks for 1 / sqrt(head_dim).
+    if (!(std::isfinite(in.scale) && in.scale >= 0.f))
+      return result::error(status::invalid_argument,
+                           "inputs.scale = %g must be finite and positive (or 0 for 1 / sqrt(head_dim))",
+                           static_cast<double>(in.scale));
     const std::int64_t qh = in.q_heads();
     if (qh <= 0)
       return result::error(status::invalid_shape,
