@@ -100,7 +100,9 @@ raw_view raw_of(const any_array& a, const char* name) {
   return v;
 }
 
-std::int32_t token_index(nb::handle h, const std::string& what) {
+// An integer argument as int64: a Python int or anything with __index__ (numpy integer scalars); bool is refused
+// (True would be taken as 1 otherwise), as is a value beyond 64 bits.
+std::int64_t read_int64(nb::handle h, const std::string& what) {
   std::int64_t v = 0;
   if (PyBool_Check(h.ptr()) || !nb::try_cast(h, v, /*convert=*/false)) {
     // numpy integer scalars are not Python ints but implement __index__.
@@ -112,6 +114,11 @@ std::int32_t token_index(nb::handle h, const std::string& what) {
     }
     v = x;
   }
+  return v;
+}
+
+std::int32_t token_index(nb::handle h, const std::string& what) {
+  const std::int64_t v = read_int64(h, what);
   if (v < std::numeric_limits<std::int32_t>::min() || v > std::numeric_limits<std::int32_t>::max())
     raise(to_string(status::out_of_range), what + " = " + std::to_string(v) + " does not fit a 32-bit token index");
   return static_cast<std::int32_t>(v);
@@ -183,7 +190,7 @@ nb::ndarray<nb::numpy, const T, nb::ndim<N>> array_of(const py_plan& self, const
 
 py_plan plan(nb::handle keys, nb::handle queries, nb::handle scores, std::optional<std::string> scorer,
              const std::string& selector, std::optional<std::string> allocator, nb::handle segments,
-             nb::handle whitelist, std::optional<double> ratio, std::optional<std::int64_t> budget,
+             nb::handle whitelist, std::optional<double> ratio, nb::handle budget,
              std::int32_t window, std::int32_t kernel, std::int32_t n_sink, std::optional<std::int32_t> sinks,
              std::int32_t boundary, float debias_lambda, float alpha_safeguard, float scale) {
   plan_request r;
@@ -204,10 +211,10 @@ py_plan plan(nb::handle keys, nb::handle queries, nb::handle scores, std::option
   r.spec.alpha_safeguard = alpha_safeguard;
   r.scale = scale;
 
-  if (ratio.has_value() == budget.has_value())
+  if (ratio.has_value() == !budget.is_none())
     raise_argument("give exactly one of ratio (the fraction of tokens to evict) and budget (tokens to keep)");
   // Checked by the library with the rest of the request (a ratio outside [0, 1), a budget below 1).
-  r.target = budget ? keep_target::of_tokens(*budget) : keep_target::of_ratio(*ratio);
+  r.target = budget.is_none() ? keep_target::of_ratio(*ratio) : keep_target::of_tokens(read_int64(budget, "budget"));
 
   // The arrays. Keep the casts alive until planning is done: they hold references to the caller's buffers.
   any_array k, q, s;

@@ -134,10 +134,16 @@ def test_a_token_budget_keeps_that_many_tokens_and_a_shorter_sequence_whole():
         assert p.counts.tolist() == [[min(budget, 50)] * 3] * 2
     # The same plan as the ratio that keeps as many tokens.
     np.testing.assert_array_equal(fairkv.plan(k, budget=25).indices, fairkv.plan(k, ratio=0.5).indices)
-    for bad, text in ((0, "budget"), (-3, "budget")):
+    # -2**63 once equalled the library's "no budget" sentinel and kept everything; True was taken as 1.
+    for bad, text in ((0, "budget"), (-3, "budget"), (-2**63, "-9223372036854775808 is negative"),
+                      (True, "budget must be an integer, not bool"), (2.5, "budget must be an integer, not float")):
         with pytest.raises(fairkv.Error) as e:
             fairkv.plan(k, budget=bad)
         assert e.value.status == "invalid argument" and text in str(e.value)
+    with pytest.raises(fairkv.Error) as e:
+        fairkv.plan(k, budget=2**64)
+    assert e.value.status == "out of range" and "budget does not fit in 64 bits" in str(e.value)
+    assert fairkv.plan(k, budget=np.int64(7)).counts.tolist() == [[7] * 3] * 2
     with pytest.raises(fairkv.Error) as e:
         fairkv.plan(k, budget=3, whitelist=[1, 2, 3, 4])
     assert e.value.status == "budget exceeded" and "a budget of 3 tokens" in str(e.value)
