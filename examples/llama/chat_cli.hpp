@@ -391,7 +391,12 @@ inline int run(args a) {
       while (std::getline(std::cin, line)) {
         if (!line.empty() && line.back() == '\r') line.pop_back();
         if (line.empty()) continue;
-        one(line, "");
+        try {
+          one(line, "");
+        } catch (const turn_too_long& e) {
+          // Nothing of the conversation changed: say why and read the next line (a script, a fixed plan, stops).
+          std::fprintf(stderr, "fairkv-llama chat: %s; line skipped, the conversation goes on\n", e.what());
+        }
       }
     }
   } catch (...) {

@@ -45,6 +45,12 @@
 
 namespace llama {
 
+// A turn that cannot fit the budget however much history is evicted. Thrown before anything of the session
+// changes (cache, turn count), so an interactive chat reports it and reads the next line.
+struct turn_too_long : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // What a chat asks for besides the model: the compression (compress.policy, selector, window, fair, sinks,
 // boundary, segmentation; compress.ratio must stay 0: the budget is the target) and the budget.
 struct chat_request {
@@ -187,18 +193,19 @@ class chat_session {
   // One turn: make room, feed the user turn, decode greedily, feed the answer's closing tokens.
   chat_turn_report turn(const std::string& user, const std::string& name = {}) {
     chat_turn_report r;
-    r.index = ++turns_;
+    r.index = turns_ + 1;
     r.name = name;
     r.user = user;
     const chat::encoded_turn u = chat::encode_user_turn(tok_, user);
     r.user_tokens = int(u.tokens.ids.size());
     const int room = r.user_tokens + req_.max_new_tokens + closing_tokens();
     if (room > req_.budget)
-      throw std::runtime_error("turn " + std::to_string(r.index) + " needs " + std::to_string(room) +
+      throw turn_too_long("turn " + std::to_string(r.index) + " needs " + std::to_string(room) +
                                " tokens (user turn " + std::to_string(r.user_tokens) + " + --max-new-tokens " +
                                std::to_string(req_.max_new_tokens) + " + " + std::to_string(closing_tokens()) +
                                " closing tokens), more than --budget " + std::to_string(req_.budget) +
                                ": refused (chat does not compress during a prefill)");
+    ++turns_;
     r.cache_before = max_len();
     if (r.cache_before + room > req_.budget) {
       const auto t0 = std::chrono::steady_clock::now();

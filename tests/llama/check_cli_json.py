@@ -78,6 +78,21 @@ def check_bad_input(binary, model):
     print("long context refused:", err.strip().splitlines()[-1][:120])
 
 
+def check_interactive_chat(binary, model):
+    # An interactive line longer than the budget is refused and skipped; the next line is answered as turn 1.
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "chat.json")
+        p = subprocess.run([binary, "chat", "--model", model, "--system", SYSTEM, "--budget", "160", "--policy",
+                            "knorm", "--max-new-tokens", "8", "--threads", "2", "--quiet", "--json", out],
+                           input="hello " * 200 + "\nWhat do you sell?\n", capture_output=True, text=True)
+        assert p.returncode == 0, (p.returncode, p.stderr)
+        assert "more than --budget 160" in p.stderr and "line skipped, the conversation goes on" in p.stderr, p.stderr
+        with open(out, encoding="utf-8") as f:
+            turns = json.load(f)["turns"]
+        assert [t["turn"] for t in turns] == [1] and turns[0]["user"] == "What do you sell?", turns
+    print("chat: an over-budget interactive line skipped, the next one answered")
+
+
 def main():
     binary, src = sys.argv[1], sys.argv[2]
     model = os.environ.get("FAIRKV_MODEL") or subprocess.run(
@@ -142,6 +157,7 @@ def main():
     print(f"--segments sentences: {len(alloc)} allocation segments, defense kept "
           f"{sent['segments'][0]['kept_fraction']:.3f}")
     check_bad_input(binary, model)
+    check_interactive_chat(binary, model)
     print("OK: fairkv-llama --json report checked")
     return 0
 

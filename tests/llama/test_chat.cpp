@@ -371,7 +371,14 @@ TEST_CASE("chat: a turn or system turn larger than the budget, and a whitelist t
   llama::chat_session s(eng, L.tok, r2, chat_system);
   const int before = s.max_len();
   CHECK_THROWS_WITH(s.turn("Hello there."), doctest::Contains("more than --budget 80"));
+  CHECK_THROWS_AS(s.turn("Hello there."), llama::turn_too_long);  // the type an interactive chat skips a line on
   CHECK(s.max_len() == before);
+  r2.max_new_tokens = 8;  // the session goes on: a refused turn is not counted
+  llama::chat_session s2(eng, L.tok, r2, chat_system);
+  std::string long_turn;
+  for (int i = 0; i < 100; ++i) long_turn += "hello ";  // 100+ tokens: more than the budget of 80
+  CHECK_THROWS_AS(s2.turn(long_turn), llama::turn_too_long);
+  CHECK(s2.turn("Hi.").index == 1);
   // The room left for history cannot hold the sinks + whitelist: a clear error at the compaction. The user turn
   // is sized so that the turn fits the budget but budget - room does not exceed what must be kept.
   llama::chat_request r3 = request(96, "knorm", true);
