@@ -155,8 +155,8 @@ def class_accuracy(records: list[dict], variant: str = "plain") -> dict[tuple[st
     group is "single" or "multi" (items with one vs several instructions)."""
     acc: dict[tuple[str, str, float], list[bool]] = defaultdict(list)
     for r in records:
-        if float(r["ratio"]) != 0.0 and variant_label(r) != variant:
-            continue
+        if "ifeval" not in r or (float(r["ratio"]) != 0.0 and variant_label(r) != variant):
+            continue  # a leakage run of the same configuration has no IFEval
         group = "multi" if len(r["instruction_id_list"]) > 1 else "single"
         for iid, ok in zip(r["instruction_id_list"], r["ifeval"]["strict"]):
             acc[(group, instruction_class(iid), float(r["ratio"]))].append(bool(ok))
@@ -348,11 +348,18 @@ def summary_table(records: list[dict], ax: dict) -> str:
 GAIN_RATIOS = (0.4, 0.5, 0.6, 0.7)   # the paper's Table 1 averages over these
 
 
-def composite_gains(records: list[dict], key: str, sign: float) -> dict[tuple[str, str], tuple | None]:
-    """The paper's Table 1 form on greedy answers: per (policy, variant), per item the mean over the ratios of
-    GAIN_RATIOS present and both orders of sign x (variant - plain) of metric `key`, then the mean over items with a
-    bootstrap interval (items resampled). sign = -1 for leakage (less is better)."""
-    stat_of = {"leak_system": _leak("rougeL_recall_system"), "refusal": _leak("refusal")}[key]
+def _ifeval_strict(r: dict):
+    """A run's instruction-level strict accuracy (None for a run without the task turn)."""
+    return _mean([1.0 if x else 0.0 for x in r["ifeval"]["strict"]]) if "ifeval" in r else None
+
+
+GAIN_STATS = {"leak_system": _leak("rougeL_recall_system"), "refusal": _leak("refusal"), "ifeval_strict": _ifeval_strict}
+
+
+def item_gains(records: list[dict], key: str, sign: float) -> dict[tuple[str, str], dict[int, float]]:
+    """Per (policy, variant) and item: the mean over the ratios of GAIN_RATIOS present and the orders the item has
+    of sign x (variant - plain) of metric `key` (sign = -1 for leakage: less is better)."""
+    stat_of = GAIN_STATS[key]
     out = {}
     ax = axes(records)
     for p in ax["policy"]:
@@ -369,21 +376,51 @@ def composite_gains(records: list[dict], key: str, sign: float) -> dict[tuple[st
                 for k, x in per_item.items():
                     if x is not None and base.get(k) is not None:
                         diffs[k].append(sign * (x - base[k]))
-            groups = {k: [{"g": statistics.fmean(xs)}] for k, xs in diffs.items() if xs}
-            out[(p, v)] = item_ci(groups, lambda gs: _mean([g[0]["g"] for g in gs])) if groups else None
+            out[(p, v)] = {k: statistics.fmean(xs) for k, xs in diffs.items() if xs}
     return out
+
+
+def _ci_over_items(per_item: dict[int, float]):
+    groups = {k: [{"g": g}] for k, g in per_item.items()}
+    return item_ci(groups, lambda gs: _mean([g[0]["g"] for g in gs])) if groups else None
+
+
+def composite_gains(records: list[dict], key: str, sign: float) -> dict[tuple[str, str], tuple | None]:
+    """The paper's Table 1 form on greedy answers: item_gains, then the mean over items with a bootstrap interval
+    (items resampled). key "composite" is the paper's composite: per item, the IFEval strict gain plus the leakage
+    reduction, equal weights, over the items that have both (sign is ignored)."""
+    if key == "composite":
+        leak, ife = item_gains(records, "leak_system", -1.0), item_gains(records, "ifeval_strict", 1.0)
+        return {pv: _ci_over_items({k: leak[pv][k] + ife.get(pv, {})[k] for k in leak[pv] if k in ife.get(pv, {})})
+                for pv in leak}
+    return {pv: _ci_over_items(per_item) for pv, per_item in item_gains(records, key, sign).items()}
 
 
 def gains_table(records: list[dict]) -> str:
     ax = axes(records)
     ratios = [q for q in ax["ratio"] if q in GAIN_RATIOS]
     leak, refusal = composite_gains(records, "leak_system", -1.0), composite_gains(records, "refusal", 1.0)
-    rows = [[p, v, fmt_ci(leak.get((p, v))), fmt_ci(refusal.get((p, v)), 2)]
-            for p in ax["policy"] for v in ax["variant"] if v != "plain"]
+    ifeval = "ifeval_strict" in present(records)
+    head = ["policy", "variant", "leakage reduction (plain - variant, ROUGE-L recall)", "refusal gain (variant - plain)"]
+    if ifeval:
+        ife, comp = composite_gains(records, "ifeval_strict", 1.0), composite_gains(records, "composite", 1.0)
+        head += ["IFEval strict gain (variant - plain)", "composite (IFEval gain + leakage reduction)"]
+    rows = []
+    for p in ax["policy"]:
+        for v in ax["variant"]:
+            if v == "plain":
+                continue
+            row = [p, v, fmt_ci(leak.get((p, v))), fmt_ci(refusal.get((p, v)), 2)]
+            if ifeval:
+                row += [fmt_ci(ife.get((p, v))), fmt_ci(comp.get((p, v)))]
+            rows.append(row)
+    n_leak = len({r["key"] for r in records if "leak" in r})
+    n_ife = len({r["key"] for r in records if "ifeval" in r})
+    note = (f" Leakage over {n_leak} items, IFEval over {n_ife} (its own defense orders: "
+            f"{', '.join(sorted({r['defense'] for r in records if 'ifeval' in r}))}); the composite over the items "
+            "that have both." if ifeval else "")
     return (f"Ratios {', '.join(f'{q:g}' for q in ratios)} (of the paper's 0.4-0.7), "
-            f"{' and '.join(ax['defense'])} defense; positive = better than plain.\n\n" +
-            _table(["policy", "variant", "leakage reduction (plain - variant, ROUGE-L recall)",
-                    "refusal gain (variant - plain)"], rows))
+            f"{' and '.join(ax['defense'])} defense; positive = better than plain.{note}\n\n" + _table(head, rows))
 
 
 def class_table(records: list[dict]) -> str:
@@ -392,7 +429,7 @@ def class_table(records: list[dict]) -> str:
     ratios = sorted({k[2] for k in ca})
     runs: dict[tuple[str, float], list[dict]] = defaultdict(list)
     for r in records:
-        if float(r["ratio"]) == 0.0 or variant_label(r) == "plain":
+        if "ifeval" in r and (float(r["ratio"]) == 0.0 or variant_label(r) == "plain"):
             runs[("multi" if len(r["instruction_id_list"]) > 1 else "single", float(r["ratio"]))].append(r)
     rows = []
     for g in ("single", "multi"):
@@ -405,7 +442,7 @@ def class_table(records: list[dict]) -> str:
                     continue
                 flags = _pooled(lambda r, c=cls: [1.0 if ok else 0.0 for iid, ok in
                                                   zip(r["instruction_id_list"], r["ifeval"]["strict"])
-                                                  if instruction_class(iid) == c])
+                                                  if instruction_class(iid) == c] if "ifeval" in r else [])
                 ci = item_ci(_by_item(runs[(g, q)]), flags)
                 cells.append(f"{fmt_ci(ci, 2)} ({a[1]})")
             rows.append([g, cls] + cells)
@@ -438,7 +475,8 @@ def report_markdown(records_all: list[dict], overhead_records: list[dict] | None
         if key not in have:
             continue
         for d in ax["defense"]:
-            out += [f"#### {title} — {d} defense", "", metric_table(recs, ax, d, key), ""]
+            if key in present([r for r in recs if r["defense"] == d]):  # IFEval may run under one order only
+                out += [f"#### {title} — {d} defense", "", metric_table(recs, ax, d, key), ""]
     paper = any(v.split(" ")[0] == "fair_paper" for v in ax["variant"])
     for d in ax["defense"]:
         out += [f"#### Kept fraction of the defense / instruction segments — {d} defense", "",

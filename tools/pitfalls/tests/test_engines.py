@@ -79,3 +79,38 @@ def test_composite_gain_by_hand():
     assert leak[0] == pytest.approx(0.2) and leak[1] == pytest.approx(0.0) and leak[2] == pytest.approx(0.4)
     # refusal: 1 at ratio 0.5, 0 at 0.7 for both items -> 0.5
     assert refusal[0] == pytest.approx(0.5) and refusal[1] == refusal[2] == pytest.approx(0.5)
+
+
+def test_ifeval_gain_and_the_composite_by_hand():
+    # Leakage records as above (both orders) and task-turn records (standard only) with the same configurations: a
+    # cell holds both kinds, each statistic reads only its own. Item 3 has leakage but no IFEval: it counts in the
+    # leakage column and not in the composite.
+    rs = []
+    for key, plain_leak, fair_leak in ((1, 0.6, 0.2), (2, 0.4, 0.4), (3, 0.9, 0.0)):
+        for d in ("standard", "flipped"):
+            for q in (0.5, 0.7):
+                rs.append(rec(key, d, "snapkv", "plain", q, plain_leak, False))
+                rs.append(rec(key, d, "snapkv", "fair", q, fair_leak, False))
+
+    def task(key, variant, ratio, strict):
+        return {"run_id": f"{key}|standard|snapkv|{variant}|{ratio}|t:task", "status": "ok", "key": key,
+                "defense": "standard", "policy": "snapkv", "variant": variant, "ratio": ratio,
+                "fair": variant != "plain", "sinks": 4, "boundary": 0, "instruction_id_list": ["a"] * len(strict),
+                "ifeval": {"strict": strict, "loose": strict}}
+
+    # item 1: plain follows 1 of 2 instructions, fair 2 of 2 at 0.5 and 0 of 2 at 0.7 -> gains 0.5, -0.5 -> 0
+    # item 2: plain 0 of 1, fair 1 of 1 at both ratios -> gain 1
+    rs += [task(1, "plain", 0.5, [True, False]), task(1, "plain", 0.7, [True, False]),
+           task(1, "fair", 0.5, [True, True]), task(1, "fair", 0.7, [False, False]),
+           task(2, "plain", 0.5, [False]), task(2, "plain", 0.7, [False]),
+           task(2, "fair", 0.5, [True]), task(2, "fair", 0.7, [True])]
+    ife = aggregate.composite_gains(rs, "ifeval_strict", 1.0)[("snapkv", "fair")]
+    assert ife[0] == pytest.approx(0.5) and ife[1] == pytest.approx(0.0) and ife[2] == pytest.approx(1.0)
+    leak = aggregate.composite_gains(rs, "leak_system", -1.0)[("snapkv", "fair")]
+    assert leak[0] == pytest.approx((0.4 + 0.0 + 0.9) / 3)
+    # composite per item: item 1 0.4 + 0 = 0.4, item 2 0 + 1 = 1 (item 3 has no IFEval) -> mean 0.7, CI [0.4, 1]
+    comp = aggregate.composite_gains(rs, "composite", 1.0)[("snapkv", "fair")]
+    assert comp[0] == pytest.approx(0.7) and comp[1] == pytest.approx(0.4) and comp[2] == pytest.approx(1.0)
+    table = aggregate.gains_table(rs)
+    assert "composite (IFEval gain + leakage reduction)" in table and "Leakage over 3 items, IFEval over 2" in table
+    assert "| snapkv | fair | 0.433 [" in table and "| 0.700 [0.400, 1.000] |" in table
