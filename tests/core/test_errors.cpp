@@ -1,8 +1,12 @@
 // Every invalid argument gives a status whose message names it, and the engine's memory is untouched.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -155,4 +159,73 @@ TEST_CASE("workspace: size query, then too small a buffer is refused") {
   ws.resize(bytes);
   CHECK(cpu::plan(ws.data(), bytes, P{}, keys_only(c.kv()), {}, {}, 0.5, plan.view()).ok());
   CHECK(plan.count(0, 0) == 10);
+}
+
+namespace {
+// The pairwise definition, as a reference: the first (in i order) segment overlapping an earlier one.
+bool any_overlap(const std::vector<segment>& s) {
+  for (std::size_t i = 0; i < s.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (s[i].begin < s[j].end && s[j].begin < s[i].end) return true;
+  return false;
+}
+}  // namespace
+
+TEST_CASE("segments: overlap found in sorted and shuffled order, as the pairwise definition; the pair named") {
+  std::mt19937 rng(29);
+  int overlapping = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 12);
+    std::vector<segment> s;
+    for (int i = 0; i < n; ++i) {
+      const auto b = static_cast<std::int32_t>(rng() % 60);
+      s.push_back({b, b + 1 + static_cast<std::int32_t>(rng() % (trial % 2 ? 3 : 12))});
+    }
+    if (trial % 3 == 0) std::sort(s.begin(), s.end(), [](segment a, segment b) { return a.begin < b.begin; });
+    const result r = validate_segments(s, 80);
+    const bool want = any_overlap(s);
+    overlapping += want;
+    REQUIRE((r.code() == status::overlapping_segments) == want);
+    if (want) {  // the two named segments do overlap
+      std::size_t j = 0, i = 0;
+      REQUIRE(std::sscanf(r.message(), "segments[%zu] = [%*d, %*d) overlaps segments[%zu]", &j, &i) == 2);
+      CHECK(j < i);
+      CHECK((s[i].begin < s[j].end && s[j].begin < s[i].end));
+    }
+  }
+  CHECK(overlapping > 500);
+  CHECK(overlapping < 2500);
+  // Engine scale: 100k disjoint segments, shuffled, then one overlap at the far ends (the pairwise check took
+  // seconds here).
+  std::vector<segment> big;
+  for (std::int32_t i = 0; i < 100000; ++i) big.push_back({2 * i, 2 * i + 2});
+  std::shuffle(big.begin(), big.end(), rng);
+  CHECK(validate_segments(big, 200000).ok());
+  auto it = std::find_if(big.begin(), big.end(), [](segment x) { return x.begin == 199998; });
+  it->begin = 1;  // now overlaps [0, 2)
+  const result r = validate_segments(big, 200000);
+  CHECK(r.code() == status::overlapping_segments);
+  // Out of range is still reported, before any overlap.
+  big[5] = {199999, 200001};
+  CHECK(validate_segments(big, 200000).code() == status::out_of_range);
+}
+
+TEST_CASE("paged view: a page listed twice is found at engine scale, positions of the first repeat named") {
+  const std::int64_t pages = 1 << 20, batch = 4;
+  std::vector<float> pool(static_cast<std::size_t>(pages));  // page_size 1, 1 head, head_dim 1
+  std::vector<std::int32_t> indices(static_cast<std::size_t>(pages));
+  std::iota(indices.begin(), indices.end(), 0);
+  std::mt19937 rng(31);
+  std::shuffle(indices.begin(), indices.end(), rng);
+  std::vector<std::int32_t> indptr = {0, 1 << 18, 1 << 19, 3 << 18, 1 << 20}, last(batch, 1);
+  std::vector<float> vpool(pool.size());
+  auto view = make_paged_view(page_layout::nhd, pool.data(), vpool.data(), pages, 1, 1, 1, batch, indptr.data(),
+                              indices.data(), last.data());
+  CHECK(validate(view, "view").ok());
+  indices[900000] = indices[17];  // sequence 3 shares a page of sequence 0
+  indices[950000] = indices[18];
+  const result r = validate(view, "view");
+  CHECK(r.code() == status::invalid_shape);
+  CHECK(std::string(r.message()) ==
+        "view.indices lists page " + std::to_string(indices[17]) + " twice (positions 17 and 900000)");
 }

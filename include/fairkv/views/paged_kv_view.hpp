@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
+#include <new>
 #include <type_traits>
 
 #include "fairkv/config.hpp"
@@ -194,13 +196,25 @@ template <class T>
   FAIRKV_TRY(validate(v.keys(), name));
   const std::int64_t nnz = v.indptr[v.batch];
   // A page listed twice (or shared by two sequences, as prefix caching does) would make the in-place compaction
-  // of one sequence overwrite another's tokens. O(nnz^2) on purpose: no allocation, and page tables of one
-  // layer are small next to the pages they describe.
-  for (std::int64_t i = 0; i < nnz; ++i)
-    for (std::int64_t j = i + 1; j < nnz; ++j)
-      if (v.indices[i] == v.indices[j])
-        return result::error(status::invalid_shape, "%s.indices lists page %d twice (positions %lld and %lld)",
-                             name, v.indices[i], static_cast<long long>(i), static_cast<long long>(j));
+  // of one sequence overwrite another's tokens. One bit per pool page, so O(nnz + num_pages / 64): every paged
+  // compaction runs this, and engines hold page tables of a million pages.
+  const std::int64_t words = (v.num_pages + 63) / 64;
+  const std::unique_ptr<std::uint64_t[]> seen(new (std::nothrow) std::uint64_t[static_cast<std::size_t>(words)]());
+  if (!seen)
+    return result::error(status::out_of_memory, "%s: checking %lld pool pages for duplicates needs %lld bytes",
+                         name, static_cast<long long>(v.num_pages), static_cast<long long>(words * 8));
+  for (std::int64_t j = 0; j < nnz; ++j) {
+    const auto page = static_cast<std::uint64_t>(v.indices[j]);  // in [0, num_pages): validate(keys) checked it
+    std::uint64_t& word = seen[page / 64];
+    const std::uint64_t bit = std::uint64_t{1} << (page % 64);
+    if (word & bit) {
+      std::int64_t i = 0;
+      while (v.indices[i] != v.indices[j]) ++i;
+      return result::error(status::invalid_shape, "%s.indices lists page %d twice (positions %lld and %lld)",
+                           name, v.indices[j], static_cast<long long>(i), static_cast<long long>(j));
+    }
+    word |= bit;
+  }
   return {};
 }
 
