@@ -47,8 +47,8 @@ namespace detail {
       if (segments[i].begin < segments[i - 1].end) return detail::overlap_error(segments, i - 1, i);
     return {};
   }
-  const std::unique_ptr<std::uint32_t[]> order(new (std::nothrow) std::uint32_t[n]);
-  if (order && n <= UINT32_MAX) {
+  const std::unique_ptr<std::uint32_t[]> order(n <= UINT32_MAX ? new (std::nothrow) std::uint32_t[n] : nullptr);
+  if (order) {
     for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<std::uint32_t>(i);
     std::sort(order.get(), order.get() + n, [&](std::uint32_t a, std::uint32_t b) {
       return segments[a].begin != segments[b].begin ? segments[a].begin < segments[b].begin : a < b;

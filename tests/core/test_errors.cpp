@@ -228,4 +228,16 @@ TEST_CASE("paged view: a page listed twice is found at engine scale, positions o
   CHECK(r.code() == status::invalid_shape);
   CHECK(std::string(r.message()) ==
         "view.indices lists page " + std::to_string(indices[17]) + " twice (positions 17 and 900000)");
+  // A view claiming a pool far larger than its table (2^36 pages here) is checked through the table, not one bit
+  // per claimed page (8 GiB): the same answers. Nothing reads the pool itself.
+  std::vector<std::int32_t> few = {5, 1 << 30, 77, 3, 1 << 30, 5}, few_ptr = {0, 3, 6}, few_last = {1, 1};
+  auto sparse = make_paged_view(page_layout::nhd, pool.data(), pool.data() + 1, std::int64_t{1} << 36, 1, 1, 1, 2,
+                                few_ptr.data(), few.data(), few_last.data());
+  sparse.stride_page = 2;  // K and V interleaved page by page (FlashInfer's [pages][2][...]): disjoint pools
+  const result s = validate(sparse, "sparse");
+  CHECK(std::string(s.message()) == "sparse.indices lists page 1073741824 twice (positions 1 and 4)");
+  few[4] = 9;
+  CHECK(std::string(validate(sparse, "sparse").message()) == "sparse.indices lists page 5 twice (positions 0 and 5)");
+  few[5] = 11;
+  CHECK(validate(sparse, "sparse").ok());
 }

@@ -2,6 +2,7 @@
 // explicit strides, and per-sequence page tables given by indptr / indices / last_page_len.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -196,26 +197,44 @@ template <class T>
   FAIRKV_TRY(validate(v.keys(), name));
   const std::int64_t nnz = v.indptr[v.batch];
   // A page listed twice (or shared by two sequences, as prefix caching does) would make the in-place compaction
-  // of one sequence overwrite another's tokens. One bit per pool page, so O(nnz + num_pages / 64): every paged
-  // compaction runs this, and engines hold page tables of a million pages.
-  const std::int64_t words = (v.num_pages + 63) / 64;
-  const std::unique_ptr<std::uint64_t[]> seen(new (std::nothrow) std::uint64_t[static_cast<std::size_t>(words)]());
-  if (!seen)
-    return result::error(status::out_of_memory, "%s: checking %lld pool pages for duplicates needs %lld bytes",
-                         name, static_cast<long long>(v.num_pages), static_cast<long long>(words * 8));
-  for (std::int64_t j = 0; j < nnz; ++j) {
-    const auto page = static_cast<std::uint64_t>(v.indices[j]);  // in [0, num_pages): validate(keys) checked it
-    std::uint64_t& word = seen[page / 64];
-    const std::uint64_t bit = std::uint64_t{1} << (page % 64);
-    if (word & bit) {
-      std::int64_t i = 0;
-      while (v.indices[i] != v.indices[j]) ++i;
-      return result::error(status::invalid_shape, "%s.indices lists page %d twice (positions %lld and %lld)",
-                           name, v.indices[j], static_cast<long long>(i), static_cast<long long>(j));
+  // of one sequence overwrite another's tokens. Every paged compaction runs this and engines hold page tables of a
+  // million pages, so not pairwise: one bit per pool page, O(nnz + num_pages / 64); or, where the pool is much
+  // larger than the table (a view may claim a pool of 2^40 pages), the table's (page, position) pairs sorted,
+  // O(nnz log nnz). Scratch: min(num_pages / 8, 8 nnz) bytes. Either way the first repeat is reported.
+  std::int64_t repeat = -1;
+  if ((v.num_pages + 63) / 64 <= nnz) {
+    const auto words = static_cast<std::size_t>((v.num_pages + 63) / 64);
+    const std::unique_ptr<std::uint64_t[]> seen(new (std::nothrow) std::uint64_t[words]());
+    if (!seen)
+      return result::error(status::out_of_memory, "%s: checking %lld pool pages for duplicates needs %lld bytes",
+                           name, static_cast<long long>(v.num_pages), static_cast<long long>(words * 8));
+    for (std::int64_t k = 0; k < nnz && repeat < 0; ++k) {
+      const auto page = static_cast<std::uint64_t>(v.indices[k]);  // in [0, num_pages): validate(keys) checked it
+      const std::uint64_t bit = std::uint64_t{1} << (page % 64);
+      if (seen[page / 64] & bit) repeat = k;
+      seen[page / 64] |= bit;
     }
-    word |= bit;
+  } else if (nnz > 1) {
+    const auto n = static_cast<std::size_t>(nnz);
+    const std::unique_ptr<std::uint64_t[]> keyed(new (std::nothrow) std::uint64_t[n]);
+    if (!keyed)
+      return result::error(status::out_of_memory, "%s: checking %lld listed pages for duplicates needs %lld bytes",
+                           name, static_cast<long long>(nnz), static_cast<long long>(nnz * 8));
+    // page in the high half, position in the low: sorted, a page's listings are adjacent and in position order.
+    for (std::size_t k = 0; k < n; ++k)
+      keyed[k] = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(v.indices[k])) << 32) | k;
+    std::sort(keyed.get(), keyed.get() + n);
+    for (std::size_t k = 1; k < n; ++k)
+      if (keyed[k] >> 32 == keyed[k - 1] >> 32) {
+        const auto pos = static_cast<std::int64_t>(keyed[k] & 0xffffffffu);  // a later listing of its page
+        if (repeat < 0 || pos < repeat) repeat = pos;
+      }
   }
-  return {};
+  if (repeat < 0) return {};
+  std::int64_t first = 0;
+  while (v.indices[first] != v.indices[repeat]) ++first;
+  return result::error(status::invalid_shape, "%s.indices lists page %d twice (positions %lld and %lld)", name,
+                       v.indices[repeat], static_cast<long long>(first), static_cast<long long>(repeat));
 }
 
 }  // namespace fairkv
