@@ -43,9 +43,12 @@ run "SmolLM2-135M, fair SnapKV, ratio 0.7" "$RUNNER" --policy snapkv --ratio 0.7
 if [[ $llamacpp != OFF ]]; then
   # The paper's SnapKV window (16). SmolLM2 does not recite its prompt compressed or not; Qwen2.5-1.5B does under
   # SnapKV, whose budget goes to the last line while the defense keeps ~8 % of its tokens (docs/results.md).
+  # --batch-invariant: the kernels of the experiments' sweeps. The recital hangs on a near-tie: with llama.cpp's
+  # default kernels this configuration answers "Sure, I'll repeat the instructions without any modifications."
   QWEN="$BUILD/examples/llamacpp/fairkv-llamacpp"
-  run "Qwen2.5-1.5B in llama.cpp, no compression" "$QWEN" --model qwen1.5b --policy none
-  run "Qwen2.5-1.5B in llama.cpp, SnapKV, ratio 0.7" "$QWEN" --model qwen1.5b --policy snapkv --window 16 --ratio 0.7
-  run "Qwen2.5-1.5B in llama.cpp, fair SnapKV, ratio 0.7" "$QWEN" --model qwen1.5b --policy snapkv --window 16 \
-    --ratio 0.7 --fair
+  run "Qwen2.5-1.5B in llama.cpp, no compression" "$QWEN" --model qwen1.5b --batch-invariant --policy none
+  run "Qwen2.5-1.5B in llama.cpp, SnapKV, ratio 0.7" "$QWEN" --model qwen1.5b --batch-invariant --policy snapkv \
+    --window 16 --ratio 0.7
+  run "Qwen2.5-1.5B in llama.cpp, fair SnapKV, ratio 0.7" "$QWEN" --model qwen1.5b --batch-invariant --policy snapkv \
+    --window 16 --ratio 0.7 --fair
 fi
