@@ -5,9 +5,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <memory>
-#include <new>
 #include <span>
+#include <vector>
 
 #include "fairkv/status.hpp"
 
@@ -47,10 +46,15 @@ namespace detail {
       if (segments[i].begin < segments[i - 1].end) return detail::overlap_error(segments, i - 1, i);
     return {};
   }
-  const std::unique_ptr<std::uint32_t[]> order(n <= UINT32_MAX ? new (std::nothrow) std::uint32_t[n] : nullptr);
-  if (order) {
+  std::vector<std::uint32_t> order;
+  try {
+    if (n <= UINT32_MAX) order.resize(n);
+  } catch (...) {  // no memory for the index: the pairwise check below needs none
+    order.clear();
+  }
+  if (!order.empty()) {
     for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<std::uint32_t>(i);
-    std::sort(order.get(), order.get() + n, [&](std::uint32_t a, std::uint32_t b) {
+    std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
       return segments[a].begin != segments[b].begin ? segments[a].begin < segments[b].begin : a < b;
     });
     for (std::size_t k = 1; k < n; ++k)

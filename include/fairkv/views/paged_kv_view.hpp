@@ -5,9 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <memory>
-#include <new>
 #include <type_traits>
+#include <vector>
 
 #include "fairkv/config.hpp"
 #include "fairkv/detail/checked_math.hpp"
@@ -204,10 +203,13 @@ template <class T>
   std::int64_t repeat = -1;
   if ((v.num_pages + 63) / 64 <= nnz) {
     const auto words = static_cast<std::size_t>((v.num_pages + 63) / 64);
-    const std::unique_ptr<std::uint64_t[]> seen(new (std::nothrow) std::uint64_t[words]());
-    if (!seen)
+    std::vector<std::uint64_t> seen;
+    try {
+      seen.resize(words);
+    } catch (...) {
       return result::error(status::out_of_memory, "%s: checking %lld pool pages for duplicates needs %lld bytes",
                            name, static_cast<long long>(v.num_pages), static_cast<long long>(words * 8));
+    }
     for (std::int64_t k = 0; k < nnz && repeat < 0; ++k) {
       const auto page = static_cast<std::uint64_t>(v.indices[k]);  // in [0, num_pages): validate(keys) checked it
       const std::uint64_t bit = std::uint64_t{1} << (page % 64);
@@ -216,14 +218,17 @@ template <class T>
     }
   } else if (nnz > 1) {
     const auto n = static_cast<std::size_t>(nnz);
-    const std::unique_ptr<std::uint64_t[]> keyed(new (std::nothrow) std::uint64_t[n]);
-    if (!keyed)
+    std::vector<std::uint64_t> keyed;
+    try {
+      keyed.resize(n);
+    } catch (...) {
       return result::error(status::out_of_memory, "%s: checking %lld listed pages for duplicates needs %lld bytes",
                            name, static_cast<long long>(nnz), static_cast<long long>(nnz * 8));
+    }
     // page in the high half, position in the low: sorted, a page's listings are adjacent and in position order.
     for (std::size_t k = 0; k < n; ++k)
       keyed[k] = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(v.indices[k])) << 32) | k;
-    std::sort(keyed.get(), keyed.get() + n);
+    std::sort(keyed.begin(), keyed.end());
     for (std::size_t k = 1; k < n; ++k)
       if (keyed[k] >> 32 == keyed[k - 1] >> 32) {
         const auto pos = static_cast<std::int64_t>(keyed[k] & 0xffffffffu);  // a later listing of its page
