@@ -19,6 +19,25 @@ def _plt():
     return plt
 
 
+def _label(a, title: str, i: int, j: int, nd: int, ylabel: str) -> None:
+    """A panel's title and grid; the x label on the bottom row, the y label on the first column."""
+    a.set_title(title, fontsize=9)
+    a.grid(True, alpha=0.3)
+    if i == nd - 1:
+        a.set_xlabel("compression ratio")
+    if j == 0:
+        a.set_ylabel(ylabel)
+
+
+def _save(fig, axs, title: str, path: Path, legend_size: int = 7) -> Path:
+    axs[0][0].legend(fontsize=legend_size)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return path
+
+
 def _metric_figure(g, ax, key: str, ylabel: str, path: Path, title: str, auto_y: bool = False) -> Path:
     """Rows: defenses; columns: variants; one line per policy. auto_y: the y axis ends just above the
     largest value (small leakage values are unreadable on 0..1)."""
@@ -35,19 +54,9 @@ def _metric_figure(g, ax, key: str, ylabel: str, path: Path, title: str, auto_y:
                 pts = [(q, y) for q, y in pts if y is not None]
                 if pts:
                     a.plot([q for q, _ in pts], [y for _, y in pts], marker="o", ms=3, label=p)
-            a.set_title(f"{d} defense, {v}", fontsize=9)
-            a.grid(True, alpha=0.3)
+            _label(a, f"{d} defense, {v}", i, j, nd, ylabel)
             a.set_ylim(-0.02 * top, top)
-            if i == nd - 1:
-                a.set_xlabel("compression ratio")
-            if j == 0:
-                a.set_ylabel(ylabel)
-    axs[0][0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, axs, title, path)
 
 
 def _kept_figure(g, ax, path: Path) -> Path:
@@ -72,19 +81,9 @@ def _kept_figure(g, ax, path: Path) -> Path:
                                color=colors[seg], marker="o", ms=3, label=f"{name} ({v})", **faded)
             qs = ax["ratio"]
             a.plot(qs, [1 - q for q in qs], color="gray", lw=0.8, alpha=0.6, label="1 − ratio")
-            a.set_title(f"{p}, {d} defense", fontsize=9)
-            a.grid(True, alpha=0.3)
+            _label(a, f"{p}, {d} defense", i, j, nd, "kept fraction")
             a.set_ylim(-0.02, 1.02)
-            if i == nd - 1:
-                a.set_xlabel("compression ratio")
-            if j == 0:
-                a.set_ylabel("kept fraction")
-    axs[0][0].legend(fontsize=6)
-    fig.suptitle("Kept fraction per segment (fair should follow 1 − ratio for both)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, axs, "Kept fraction per segment (fair should follow 1 − ratio for both)", path, legend_size=6)
 
 
 def _variant_figure(recs: list[dict], ax, key: str, ylabel: str, path: Path, title: str) -> Path:
@@ -107,18 +106,8 @@ def _variant_figure(recs: list[dict], ax, key: str, ylabel: str, path: Path, tit
                                ms=3, label=v)
                 a.fill_between(qs, [ci[1] for _, ci in pts], [ci[2] for _, ci in pts], color=line.get_color(),
                                alpha=0.12, lw=0)
-            a.set_title(f"{p}, {d} defense", fontsize=9)
-            a.grid(True, alpha=0.3)
-            if i == nd - 1:
-                a.set_xlabel("compression ratio")
-            if j == 0:
-                a.set_ylabel(ylabel)
-    axs[0][0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+            _label(a, f"{p}, {d} defense", i, j, nd, ylabel)
+    return _save(fig, axs, title, path)
 
 
 def write_all(records_all: list[dict], img_dir: Path, prefix: str = "pitfalls_") -> list[Path]:
