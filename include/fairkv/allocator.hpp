@@ -29,7 +29,7 @@ struct allocation_context {
   std::span<const std::int64_t> sizes;     // [groups] tokens per group
   std::span<const std::int64_t> forced;    // [groups] whitelisted tokens per group (shared by all heads)
   std::span<const std::int64_t> own;       // [heads, groups] plain policy's kept counts; empty unless requested
-  std::span<std::int64_t> scratch;         // [groups] free for the allocator's own use
+  std::span<std::int64_t> scratch;         // [2 * groups] free for the allocator's own use
   // [grouping segments] the caller's index of group g's segment, for parameters given per caller segment
   // (allocators/prioritized.hpp); the remainder group, last when present, has no entry.
   std::span<const std::int32_t> origin;

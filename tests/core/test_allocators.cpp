@@ -1,6 +1,7 @@
 // Hand-worked budgets for every shipped allocator, then the same allocators through the planner.
 #include <doctest/doctest.h>
 
+#include <random>
 #include <vector>
 
 #include "fairkv/fairkv.hpp"
@@ -11,7 +12,7 @@ using namespace fairkv;
 namespace {
 std::vector<std::int64_t> allocate(auto alloc, std::int64_t n_keep, std::int64_t heads, std::vector<std::int64_t> sizes,
                                    std::vector<std::int64_t> forced, std::vector<std::int64_t> own = {}) {
-  std::vector<std::int64_t> out(static_cast<std::size_t>(heads) * sizes.size(), -7), scratch(sizes.size());
+  std::vector<std::int64_t> out(static_cast<std::size_t>(heads) * sizes.size(), -7), scratch(2 * sizes.size());
   const allocation_context ctx{n_keep, heads, sizes, forced, own, scratch, {}};
   const result r = alloc.allocate(ctx, out);
   REQUIRE_MESSAGE(r.ok(), r.message());
@@ -42,6 +43,68 @@ TEST_CASE("fair_with_whitelist: forced tokens are charged to their segment, the 
   CHECK(allocate(allocators::fair_with_whitelist{}, 4, 1, {5, 5}, {2, 0}) == std::vector<std::int64_t>{2, 2});
 }
 
+namespace {
+// The proportional rule by its definition, as the allocator was first written: re-share after every round of
+// pins (groups whose share falls below their forced count), then hand the leftovers out one at a time to the
+// largest remainder (lowest group on ties). Quadratic; the reference for the sorted implementation.
+std::vector<std::int64_t> proportional_by_rounds(std::int64_t n_keep, const std::vector<std::int64_t>& sizes,
+                                                 const std::vector<std::int64_t>& forced, std::vector<std::int64_t> out) {
+  const std::size_t groups = sizes.size();
+  for (;;) {
+    std::int64_t budget = n_keep, active_size = 0;
+    for (std::size_t g = 0; g < groups; ++g) (out[g] >= 0 ? budget -= out[g] : active_size += sizes[g]);
+    if (active_size == 0) return out;
+    bool pinned = false;
+    for (std::size_t g = 0; g < groups; ++g)
+      if (out[g] < 0 && budget * sizes[g] < forced[g] * active_size) out[g] = forced[g], pinned = true;
+    if (pinned) continue;
+    std::vector<std::int64_t> rem(groups, -1);
+    std::int64_t left = budget;
+    for (std::size_t g = 0; g < groups; ++g)
+      if (out[g] < 0) {
+        out[g] = budget * sizes[g] / active_size;
+        rem[g] = budget * sizes[g] % active_size;
+        left -= out[g];
+      }
+    for (; left > 0; --left) {
+      std::size_t best = 0;
+      for (std::size_t g = 1; g < groups; ++g)
+        if (rem[g] > rem[best]) best = g;
+      ++out[best];
+      rem[best] = -1;
+    }
+    return out;
+  }
+}
+}  // namespace
+
+TEST_CASE("fair: the sorted water-filling equals re-sharing round by round (random groups, forced and pinned)") {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 20000; ++trial) {
+    const std::size_t groups = 1 + rng() % (trial % 10 == 0 ? 200 : 9);
+    std::vector<std::int64_t> sizes(groups), forced(groups), pinned(groups, allocators::detail::proportional_active);
+    std::int64_t total = 0, forced_total = 0;
+    for (std::size_t g = 0; g < groups; ++g) {
+      // Sizes from 1 to 2^20 and forced counts from none to all, so pins cascade over several rounds.
+      sizes[g] = 1 + static_cast<std::int64_t>(rng() % (rng() % 2 ? 8u : (1u << 20)));
+      forced[g] = rng() % 3 == 0 ? 0 : static_cast<std::int64_t>(rng() % (static_cast<std::uint64_t>(sizes[g]) + 1));
+      total += sizes[g];
+      forced_total += forced[g];
+    }
+    const std::int64_t n_keep = forced_total + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(total - forced_total + 1));
+    INFO("trial " << trial);
+    CHECK(allocate(allocators::fair_with_whitelist{}, n_keep, 1, sizes, forced) ==
+          proportional_by_rounds(n_keep, sizes, forced, pinned));
+    // With groups pinned by the caller beforehand at their forced counts (prioritized's tiers).
+    std::int64_t pinned_sum = 0;
+    for (std::size_t g = 0; g < groups; ++g)
+      if (rng() % 4 == 0) pinned[g] = forced[g], pinned_sum += forced[g];
+    std::vector<std::int64_t> out = pinned, order(groups);
+    allocators::detail::proportional_budgets_from(n_keep, sizes, forced, out, order);
+    CHECK(out == proportional_by_rounds(n_keep, sizes, forced, pinned));
+  }
+}
+
 TEST_CASE("debias: interpolates the plain policy's own counts (lambda 0) and fair (lambda 1)") {
   const std::vector<std::int64_t> sizes{5, 5}, forced{0, 0}, own{4, 0};
   CHECK(allocate(allocators::debias{0.0f}, 4, 1, sizes, forced, own) == own);
@@ -52,7 +115,7 @@ TEST_CASE("debias: interpolates the plain policy's own counts (lambda 0) and fai
   // Per head: each head interpolates from its own counts.
   CHECK(allocate(allocators::debias{0.5f}, 4, 2, sizes, forced, {4, 0, 0, 4}) ==
         std::vector<std::int64_t>{3, 1, 1, 3});
-  std::vector<std::int64_t> out(2), scratch(2);
+  std::vector<std::int64_t> out(2), scratch(4);
   const allocation_context ctx{4, 1, sizes, forced, own, scratch, {}};
   CHECK(allocators::debias{1.5f}.allocate(ctx, out).code() == status::invalid_argument);
 }

@@ -22,7 +22,7 @@ using budgets_t = std::vector<std::int64_t>;
 result allocate_into(const allocators::prioritized& a, std::int64_t n_keep, std::int64_t heads, const budgets_t& sizes,
                      const budgets_t& forced, const std::vector<std::int32_t>& origin, budgets_t& out) {
   out.assign(static_cast<std::size_t>(heads) * sizes.size(), -7);
-  budgets_t scratch(sizes.size());
+  budgets_t scratch(2 * sizes.size());
   const allocation_context ctx{n_keep, heads, sizes, forced, {}, scratch, origin};
   return a.allocate(ctx, out);
 }
@@ -88,7 +88,7 @@ TEST_CASE("prioritized: default priorities are fair_with_whitelist's budgets") {
     std::vector<std::int32_t> origin(groups - (rng() % 2));  // with or without a remainder group
     std::iota(origin.begin(), origin.end(), 0);
     std::shuffle(origin.begin(), origin.end(), rng);
-    budgets_t fair_out(groups), scratch(groups);
+    budgets_t fair_out(groups), scratch(2 * groups);
     const allocation_context ctx{n_keep, 1, sizes, forced, {}, scratch, {}};
     REQUIRE(allocators::fair_with_whitelist{}.allocate(ctx, fair_out).ok());
     CHECK(allocate(with({}), n_keep, sizes, forced, origin) == fair_out);

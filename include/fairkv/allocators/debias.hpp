@@ -30,7 +30,7 @@ struct debias {
     const auto g = static_cast<std::size_t>(ctx.groups());
     // The fair target is the same for every head.
     std::span<std::int64_t> fair_row = ctx.scratch.first(g);
-    detail::proportional_budgets(ctx.n_keep, ctx.sizes, ctx.forced, fair_row);
+    detail::proportional_budgets(ctx.n_keep, ctx.sizes, ctx.forced, fair_row, ctx.scratch.subspan(g, g));
     for (std::int64_t h = 0; h < ctx.heads; ++h) {
       auto target = [&](std::size_t i) {
         return (1.0 - lambda) * static_cast<double>(ctx.own[h * g + i]) +

@@ -27,7 +27,7 @@ struct basic_fair {
 
   [[nodiscard]] result allocate(const allocation_context& ctx, std::span<std::int64_t> budgets) const noexcept {
     const auto g = static_cast<std::size_t>(ctx.groups());
-    detail::proportional_budgets(ctx.n_keep, ctx.sizes, ctx.forced, budgets.first(g));
+    detail::proportional_budgets(ctx.n_keep, ctx.sizes, ctx.forced, budgets.first(g), ctx.scratch.first(g));
     for (std::int64_t h = 1; h < ctx.heads; ++h)
       for (std::size_t i = 0; i < g; ++i) budgets[h * g + i] = budgets[i];
     return {};

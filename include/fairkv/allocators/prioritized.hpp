@@ -92,7 +92,7 @@ struct prioritized {
         const bool weighted = of(i, ctx).weight > 0.0f;
         row[i] = weighted == weighted_full ? (weighted ? ctx.sizes[i] : lo[i]) : detail::proportional_active;
       }
-      detail::proportional_budgets_from(ctx.n_keep, ctx.sizes, lo, row);
+      detail::proportional_budgets_from(ctx.n_keep, ctx.sizes, lo, row, ctx.scratch.subspan(g, g));
     } else {
       weighted_budgets(ctx, lo, row);
     }

@@ -103,6 +103,7 @@ template <class S, class Sel, class A, class KeySource, class Q, executor E>
   segment widened[2];
   const front::grouping g = front::build_runs(front::grouping_segments<S, A>(sorted, L, widened), L, w.runs, w.sizes);
   sequence_groups s{b, L, target.n_keep(L), 0, g.groups, g.runs};
+  index_runs_by_group(w.runs, s.n_runs, s.groups, w.run_order, w.group_first);
   for (std::int64_t r = 0; r < s.n_runs; ++r)
     std::fill(w.group_of + w.runs[r].begin, w.group_of + w.runs[r].end, static_cast<std::int32_t>(w.runs[r].group));
   std::fill(w.forced, w.forced + L, std::uint8_t{0});
@@ -123,7 +124,7 @@ template <class S, class Sel, class A, class KeySource, class Q, executor E>
                                {w.sizes, G},
                                {w.forced_n, G},
                                {w.own, A::needs_own_allocation ? static_cast<std::size_t>(heads) * G : 0u},
-                               {w.scratch, G},
+                               {w.scratch, 2 * G},
                                front::group_origins<S, A>({w.origin, segments.size()})};
   FAIRKV_TRY(front::allocate_budgets(pol.allocator, ctx, {w.budgets, static_cast<std::size_t>(heads) * G}));
   FAIRKV_TRY(select_sequence(ex, pol.selector, w, ld, heads, s, out));

@@ -35,16 +35,19 @@ inline void partition_top(std::uint64_t* keys, std::int64_t n, std::int64_t k) {
   std::nth_element(keys, keys + (k - 1), keys + n, std::greater<>());
 }
 
-// Keeps the `k` best non-forced tokens of group g (runs of g) on one score row, marking keep[t] = 1.
-inline void select_in_group(const float* score_row, const run* runs, std::int64_t n_runs, std::int64_t g,
-                            const std::uint8_t* forced, std::int64_t k, std::uint64_t* keys, std::uint8_t* keep) {
+// The runs of group g of the sequence being planned.
+[[nodiscard]] inline group_runs runs_of(const plan_workspace& w, std::int64_t g) noexcept {
+  return {w.runs, w.run_order + w.group_first[g], w.group_first[g + 1] - w.group_first[g]};
+}
+
+// Keeps the `k` best non-forced tokens of one group on one score row, marking keep[t] = 1.
+inline void select_in_group(const float* score_row, const group_runs& group, const std::uint8_t* forced,
+                            std::int64_t k, std::uint64_t* keys, std::uint8_t* keep) {
   if (k <= 0) return;
   std::int64_t n = 0;
-  for (std::int64_t r = 0; r < n_runs; ++r) {
-    if (runs[r].group != g) continue;
-    for (std::int64_t t = runs[r].begin; t < runs[r].end; ++t)
-      if (!forced[t]) keys[n++] = fairkv::detail::selection_key(score_row[t], static_cast<std::uint32_t>(t));
-  }
+  group.for_each_token([&](std::int64_t t) {
+    if (!forced[t]) keys[n++] = fairkv::detail::selection_key(score_row[t], static_cast<std::uint32_t>(t));
+  });
   partition_top(keys, n, k);
   for (std::int64_t i = 0; i < std::min(k, n); ++i) keep[fairkv::detail::key_index(keys[i])] = 1;
 }
@@ -56,14 +59,15 @@ void own_allocation(const plan_workspace& w, std::int64_t ld, std::int64_t heads
   constexpr bool uni = Sel::kind == selection_kind::union_heads;
   if (uni) head_mean(w.global_scores, ld, heads, s.L, w.tmp);
   const run whole{0, s.L, 0};
+  const std::int64_t only = 0;
   for (std::int64_t h = 0; h < heads; ++h) {
     if (uni && h > 0) {
       std::copy(w.own, w.own + s.groups, w.own + h * s.groups);
       continue;
     }
     std::copy(w.forced, w.forced + s.L, w.keep);
-    select_in_group(uni ? w.tmp : w.global_scores + h * ld, &whole, 1, 0, w.forced, s.n_keep - s.forced_total, w.keys,
-                    w.keep);
+    select_in_group(uni ? w.tmp : w.global_scores + h * ld, group_runs{&whole, &only, 1}, w.forced,
+                    s.n_keep - s.forced_total, w.keys, w.keep);
     std::fill(w.own + h * s.groups, w.own + (h + 1) * s.groups, 0);
     for (std::int64_t t = 0; t < s.L; ++t) w.own[h * s.groups + w.group_of[t]] += w.keep[t];
   }
@@ -92,14 +96,13 @@ template <class Sel, executor E>
       std::uint8_t* keep = w.keep + task * ld;
       std::copy(w.forced, w.forced + L, keep);
       for (std::int64_t g = 0; g < G; ++g)
-        select_in_group(w.scores + h * ld, w.runs, s.n_runs, g, w.forced, w.budgets[h * G + g] - w.forced_n[g], keys,
-                        keep);
+        select_in_group(w.scores + h * ld, runs_of(w, g), w.forced, w.budgets[h * G + g] - w.forced_n[g], keys, keep);
       emit(h, keep);
     });
   } else if constexpr (Sel::kind == selection_kind::union_heads) {
     std::copy(w.forced, w.forced + L, w.keep);
     for (std::int64_t g = 0; g < G; ++g)
-      select_in_group(w.mean_scores, w.runs, s.n_runs, g, w.forced, w.budgets[g] - w.forced_n[g], w.keys, w.keep);
+      select_in_group(w.mean_scores, runs_of(w, g), w.forced, w.budgets[g] - w.forced_n[g], w.keys, w.keep);
     for (std::int64_t h = 0; h < heads; ++h) emit(h, w.keep);
   } else if constexpr (Sel::kind == selection_kind::head_adaptive) {
     std::uint8_t* keep = w.keep;  // [heads, L]
@@ -111,19 +114,17 @@ template <class Sel, executor E>
         const std::int64_t budget = w.budgets[h * G + g];
         const auto safe = static_cast<std::int64_t>(static_cast<double>(budget) * sel.alpha_safeguard);
         const std::int64_t extra = std::max<std::int64_t>(0, safe - w.forced_n[g]);
-        select_in_group(w.scores + h * ld, w.runs, s.n_runs, g, w.forced, extra, w.keys, keep + h * L);
+        select_in_group(w.scores + h * ld, runs_of(w, g), w.forced, extra, w.keys, keep + h * L);
         pool += budget - w.forced_n[g] - extra;
       }
       // Then the segment's remaining budget, summed over heads, goes to the best (head, token) pairs.
       // Key tie order: lower token first, then lower head.
       std::int64_t n = 0;
-      for (std::int64_t r = 0; r < s.n_runs; ++r) {
-        if (w.runs[r].group != g) continue;
-        for (std::int64_t t = w.runs[r].begin; t < w.runs[r].end; ++t)
-          for (std::int64_t h = 0; h < heads; ++h)
-            if (!keep[h * L + t])
-              w.keys[n++] = selection_key(w.scores[h * ld + t], static_cast<std::uint32_t>(t * heads + h));
-      }
+      runs_of(w, g).for_each_token([&](std::int64_t t) {
+        for (std::int64_t h = 0; h < heads; ++h)
+          if (!keep[h * L + t])
+            w.keys[n++] = selection_key(w.scores[h * ld + t], static_cast<std::uint32_t>(t * heads + h));
+      });
       partition_top(w.keys, n, pool);
       for (std::int64_t i = 0; i < std::min(pool, n); ++i) {
         const std::uint32_t th = key_index(w.keys[i]);
