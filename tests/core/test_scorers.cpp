@@ -1,7 +1,9 @@
 // Hand-worked cases for every shipped scorer (values computed on paper; see the comments).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include "fairkv/fairkv.hpp"
@@ -67,6 +69,32 @@ TEST_CASE("snapkv: window attention, mean over the window, avg-pool with zero pa
   scorers::snapkv<64, 1> runtime{};
   runtime.window = 2;
   CHECK(scores_of(runtime, in) == s1);
+}
+
+TEST_CASE("snapkv pooling: any kernel, from 1 to far beyond the sequence, is avg_pool1d by its definition") {
+  // The sliding pooling against the sum written out per token (in double), on attention that mixes magnitudes
+  // from 1e-30 to 1: a running sum that subtracted would lose the tiny values next to the large ones.
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<double> exponent(-30.0, 0.0);
+  for (const std::int64_t m : {1, 2, 7, 64, 1000}) {
+    std::vector<float> acc0(static_cast<std::size_t>(m));
+    for (auto& x : acc0) x = static_cast<float>(std::pow(10.0, exponent(rng)));
+    for (const std::int32_t kernel : {1, 3, 5, 7, 63, 65, 999, 1001, 2001, 16385}) {
+      const std::int64_t w = 16;
+      std::vector<float> acc = acc0, pooled(acc.size()), out(acc.size(), 0.f);
+      cpu::detail::add_pooled_window_mean(acc.data(), m, w, kernel, pooled.data(), out.data());
+      double worst = 0.0;
+      for (std::int64_t t = 0; t < m; ++t) {
+        double sum = 0.0;
+        for (std::int64_t j = std::max<std::int64_t>(0, t - kernel / 2); j <= std::min(m - 1, t + kernel / 2); ++j)
+          sum += static_cast<double>(acc0[static_cast<std::size_t>(j)] / static_cast<float>(w));
+        const double want = sum / kernel;
+        worst = std::max(worst, std::abs(out[static_cast<std::size_t>(t)] - want) / want);
+      }
+      INFO("tokens " << m << " kernel " << kernel << " worst relative error " << worst);
+      CHECK(worst <= 4e-7);  // a few float roundings: suffix, prefix, their sum, the division
+    }
+  }
 }
 
 TEST_CASE("tova: last query's attention, mean over ALL query heads, same for every KV head") {
