@@ -4,7 +4,6 @@
 //
 //   fairkv_bench_validate [ROUNDS]
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
@@ -12,22 +11,11 @@
 #include <vector>
 
 #include "fairkv/fairkv.hpp"
+#include "median_time.hpp"
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
-
-template <class F>
-double median_ms(int rounds, F&& f) {
-  std::vector<double> t;
-  for (int r = 0; r < rounds; ++r) {
-    const auto t0 = clock_type::now();
-    f();
-    t.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using fairkv_bench::median_ms;
 
 // The checks as they were: every pair.
 bool pairwise_segments_ok(const std::vector<fairkv::segment>& s) {
