@@ -10,6 +10,14 @@
 
 namespace fairkv {
 
+// Whether a plan has been applied. Compaction moves rows in place, so a plan applied a second time would move
+// already-compacted rows again (slot j would receive slot indices[j] of the compacted row) and silently corrupt the
+// cache: a plan is spent by the compaction it describes. Host memory, owned by keep_plan; a view without one
+// (nullptr, e.g. a plan an engine wrote into its own buffers) is not tracked.
+struct plan_state {
+  bool applied = false;
+};
+
 // Non-owning, caller-allocated (the shape a GPU plan writes into). Index is std::int32_t for a plan being written
 // (keep_plan_view, what the planners take) and const std::int32_t for one that is only read (const_keep_plan_view,
 // what compaction and validation take); a writable view converts to a read-only one, never the other way.
@@ -23,6 +31,7 @@ struct basic_keep_plan_view {
   std::int64_t batch = 0;
   std::int64_t heads = 0;
   std::int64_t capacity = 0;  // >= every lengths[b]
+  plan_state* state = nullptr;  // optional: compaction refuses a plan already applied, and marks it applied
 
   [[nodiscard]] constexpr std::int64_t rows() const noexcept { return batch * heads; }
   [[nodiscard]] constexpr Index* row(std::int64_t b, std::int64_t h) const noexcept {
@@ -32,7 +41,7 @@ struct basic_keep_plan_view {
     return counts[b * heads + h];
   }
   [[nodiscard]] constexpr basic_keep_plan_view<const std::int32_t> as_const() const noexcept {
-    return {indices, counts, lengths, batch, heads, capacity};
+    return {indices, counts, lengths, batch, heads, capacity, state};
   }
   // Implicit so a plan just written can be handed to compaction as it is. A template whose target names I, so nvcc
   // (#554) does not see the const view converting to itself.
@@ -57,12 +66,16 @@ class keep_plan {
     indices_.assign(static_cast<std::size_t>(batch * heads * capacity), 0);
     counts_.assign(static_cast<std::size_t>(batch * heads), 0);
     lengths_.assign(static_cast<std::size_t>(batch), 0);
+    state_ = {};
   }
+  // Views of an owning plan carry its state, so a second compaction with it is refused (status::invalid_plan).
+  // Planning into it again (resize) makes it fresh; to apply one selection to several copies of a cache, copy the
+  // plan before compacting (a copy of a spent plan is spent).
   [[nodiscard]] keep_plan_view view() noexcept {
-    return {indices_.data(), counts_.data(), lengths_.data(), batch_, heads_, capacity_};
+    return {indices_.data(), counts_.data(), lengths_.data(), batch_, heads_, capacity_, &state_};
   }
   [[nodiscard]] const_keep_plan_view view() const noexcept {
-    return {indices_.data(), counts_.data(), lengths_.data(), batch_, heads_, capacity_};
+    return {indices_.data(), counts_.data(), lengths_.data(), batch_, heads_, capacity_, &state_};
   }
   [[nodiscard]] std::int64_t batch() const noexcept { return batch_; }
   [[nodiscard]] std::int64_t heads() const noexcept { return heads_; }
@@ -71,6 +84,7 @@ class keep_plan {
     return counts_[static_cast<std::size_t>(b * heads_ + h)];
   }
   [[nodiscard]] std::int32_t length(std::int64_t b) const noexcept { return lengths_[static_cast<std::size_t>(b)]; }
+  [[nodiscard]] bool applied() const noexcept { return state_.applied; }
   // Kept indices of one row, ascending.
   [[nodiscard]] std::vector<std::int32_t> kept(std::int64_t b, std::int64_t h) const {
     const auto* first = indices_.data() + (b * heads_ + h) * capacity_;
@@ -82,6 +96,8 @@ class keep_plan {
   std::vector<std::int32_t> counts_;   // [batch * heads]
   std::vector<std::int32_t> lengths_;  // [batch]
   std::int64_t batch_ = 0, heads_ = 0, capacity_ = 0;
+  // Mutable: a record of use, not part of the plan's value (a const plan can still be applied once).
+  mutable plan_state state_{};
 };
 
 // Checks what compaction relies on before it writes anything: counts within the row's length, indices strictly

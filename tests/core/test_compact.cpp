@@ -7,6 +7,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "fairkv/fairkv.hpp"
@@ -207,4 +208,57 @@ TEST_CASE("plan + compact end to end: the compacted cache is the kept tokens in 
       CHECK(std::memcmp(&v[(h * L + static_cast<std::int64_t>(j)) * D], &v0[(h * L + kept[j]) * D], D * 4) == 0);
     }
   }
+}
+
+TEST_CASE("a plan is applied once: a second compaction is refused before it writes, contiguous and paged") {
+  const std::int64_t H = 2, L = 30, D = 4;
+  auto k = fairkv_test::random_floats(H * L * D, 5), v = fairkv_test::random_floats(H * L * D, 6);
+  const auto k_orig = k, v_orig = v;
+  const auto kv = make_contiguous_view(k.data(), 1, H, L, D), vv = make_contiguous_view(v.data(), 1, H, L, D);
+  keep_plan plan;
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::uniform>{}, keys_only(kv), {}, {}, 0.5, plan)
+              .ok());
+  const keep_plan spare = plan;  // copied before compaction: a fresh plan of the same selection
+  CHECK_FALSE(plan.applied());
+  REQUIRE(cpu::compact(plan.view(), kv, vv).ok());
+  CHECK(plan.applied());
+  const auto k1 = k, v1 = v;
+  // Again on the compacted cache: slot j would receive slot indices[j] of the already-compacted row.
+  const result again = cpu::compact(plan.view(), kv, vv);
+  CHECK(again.code() == status::invalid_plan);
+  CHECK(std::string(again.message()).find("already applied") != std::string::npos);
+  CHECK(k == k1);
+  CHECK(v == v1);
+  // The copy made before compaction applies the same selection to another copy of the cache, once.
+  auto k2 = k_orig, v2 = v_orig;
+  REQUIRE(cpu::compact(spare.view(), make_contiguous_view(k2.data(), 1, H, L, D), make_contiguous_view(v2.data(), 1, H, L, D))
+              .ok());
+  CHECK(k2 == k1);
+  CHECK(v2 == v1);
+  // Planning into the plan again makes it fresh.
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::uniform>{}, keys_only(kv), {}, {}, 0.5, plan)
+              .ok());
+  CHECK_FALSE(plan.applied());
+  // A view an engine builds over its own plan memory carries no state and is not tracked (documented).
+  const_keep_plan_view untracked = plan.view();
+  untracked.state = nullptr;
+  CHECK(untracked.state == nullptr);
+
+  // Paged: the same rule.
+  const std::int64_t P = 8, pages = 4;
+  auto kpool = fairkv_test::random_floats(pages * P * H * D, 7), vpool = fairkv_test::random_floats(pages * P * H * D, 8);
+  const std::vector<std::int32_t> indptr{0, 4}, indices{2, 0, 3, 1}, last{P};
+  const auto view = make_paged_view(page_layout::nhd, kpool.data(), vpool.data(), pages, P, H, D, 1, indptr.data(),
+                                    indices.data(), last.data());
+  keep_plan paged;
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::uniform>{},
+                    layer_inputs<paged_side<const float>>{paged_side<const float>{
+                        view.k_data, pages, 1, H, D, P, view.stride_page, view.stride_slot, view.stride_head, 1,
+                        indptr.data(), indices.data(), last.data()}},
+                    {}, {}, 0.5, paged)
+              .ok());
+  REQUIRE(cpu::compact(paged.view(), view).ok());
+  const auto kp = kpool;
+  CHECK(cpu::compact(paged.view(), view).code() == status::invalid_plan);
+  CHECK(kpool == kp);
 }

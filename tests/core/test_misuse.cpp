@@ -272,8 +272,9 @@ TEST_CASE("misuse: compact rejects K and V that share memory before any write, n
 }
 
 namespace {
-// Compacts K and V given as separate contiguous buffers: the reference for the interleaved layouts below.
-void compact_separately(const keep_plan& plan, std::vector<float>& k, std::vector<float>& v, std::int64_t H,
+// Compacts K and V given as separate contiguous buffers: the reference for the interleaved layouts below. The plan
+// is taken by copy (a fresh copy of the plan the caller applies itself: a plan is applied once).
+void compact_separately(keep_plan plan, std::vector<float>& k, std::vector<float>& v, std::int64_t H,
                         std::int64_t L, std::int64_t D) {
   REQUIRE(cpu::compact(plan.view(), make_contiguous_view(k.data(), 1, H, L, D),
                        make_contiguous_view(v.data(), 1, H, L, D)).ok());
@@ -294,9 +295,9 @@ TEST_CASE("misuse: K and V interleaved in one buffer with equal strides are acce
       }
   const kv_view<float> kview{one.data(), 1, H, L, D, 0, D, 2 * H * D, 1};
   const kv_view<float> vview{one.data() + H * D, 1, H, L, D, 0, D, 2 * H * D, 1};
+  compact_separately(plan, k, v, H, L, D);
   const result r = cpu::compact(plan.view(), kview, vview);
   REQUIRE_MESSAGE(r.ok(), r.message());
-  compact_separately(plan, k, v, H, L, D);
   for (std::int64_t t = 0; t < L; ++t)
     for (std::int64_t h = 0; h < H; ++h)
       for (std::int64_t d = 0; d < D; ++d) {
@@ -320,9 +321,9 @@ TEST_CASE("misuse: K and V interleaved in one buffer with equal strides are acce
         pv[static_cast<std::size_t>((h * tokens + t) * D + d)] = view.values().row(0, h, t)[d];
       }
   const keep_plan paged_plan = every_other(H, {tokens});
+  compact_separately(paged_plan, pk, pv, H, tokens, D);
   const result pr = cpu::compact(paged_plan.view(), view);
   REQUIRE_MESSAGE(pr.ok(), pr.message());
-  compact_separately(paged_plan, pk, pv, H, tokens, D);
   for (std::int64_t j = 0; j < paged_plan.count(0, 0); ++j)
     for (std::int64_t h = 0; h < H; ++h)
       for (std::int64_t d = 0; d < D; ++d) {

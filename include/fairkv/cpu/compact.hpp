@@ -35,14 +35,17 @@ void move_row(const_keep_plan_view plan, const Side& side, std::int64_t b, std::
 }
 
 // Every (batch, head) row moves only its own elements (K and V are disjoint, a page belongs to one sequence and a
-// head's slots in it to that head), so the rows are independent tasks.
+// head's slots in it to that head), so the rows are independent tasks. A row moved twice would be corrupted (its
+// second move reads slots the first one wrote) and a row not moved leaves the cache half compacted, so every row is
+// moved exactly once whatever the executor does (for_shares_exactly_once): compaction cannot fail once it starts.
 template <executor E, class Side>
 [[nodiscard]] result move_rows(const E& ex, const_keep_plan_view plan, const Side& keys, const Side& values) noexcept {
   const std::int64_t rows = plan.batch * plan.heads;
-  return for_shares(ex, task_count(ex, rows), rows, [&](std::int64_t, std::int64_t i) {
+  for_shares_exactly_once(ex, task_count(ex, rows), rows, [&](std::int64_t, std::int64_t i) {
     move_row(plan, keys, i / plan.heads, i % plan.heads);
     move_row(plan, values, i / plan.heads, i % plan.heads);
   });
+  return {};
 }
 
 template <class View>
@@ -58,9 +61,24 @@ template <class View>
   return {};
 }
 
+// The plan's state (keep_plan.hpp): a spent plan is refused before anything is written, and a plan is spent once
+// its rows have moved.
+[[nodiscard]] inline result check_not_applied(const_keep_plan_view plan) noexcept {
+  if (plan.state != nullptr && plan.state->applied)
+    return result::error(status::invalid_plan,
+                         "this plan was already applied: compacting again would move already-compacted rows (plan "
+                         "again for the compacted cache, or copy the plan before compacting to apply it to another "
+                         "copy of the cache)");
+  return {};
+}
+inline void mark_applied(const_keep_plan_view plan) noexcept {
+  if (plan.state != nullptr) plan.state->applied = true;
+}
+
 }  // namespace detail
 
-// `ex` (cpu/executor.hpp) moves the (batch, head) rows as parallel tasks; the result is the serial one.
+// `ex` (cpu/executor.hpp) moves the (batch, head) rows as parallel tasks; the result is the serial one, also when
+// the executor throws, drops or repeats tasks (the calling thread moves the rows it did not).
 template <executor E, class T>
 [[nodiscard]] result compact(const E& ex, const_keep_plan_view plan, kv_view<T> keys, kv_view<T> values) noexcept {
   static_assert(!std::is_const_v<T>, "fairkv::cpu::compact writes the cache: pass views of non-const elements");
@@ -72,7 +90,10 @@ template <executor E, class T>
                                             fairkv::detail::footprint_of(values), "values"));
   FAIRKV_TRY(detail::check_extents(plan, keys, "keys"));
   FAIRKV_TRY(detail::check_extents(plan, values, "values"));
-  return detail::move_rows(ex, plan, keys, values);
+  FAIRKV_TRY(detail::check_not_applied(plan));
+  FAIRKV_TRY(detail::move_rows(ex, plan, keys, values));
+  detail::mark_applied(plan);
+  return {};
 }
 template <class T>
 [[nodiscard]] result compact(const_keep_plan_view plan, kv_view<T> keys, kv_view<T> values) noexcept {
@@ -88,7 +109,10 @@ template <executor E, class T>
   FAIRKV_TRY(validate(plan, "plan"));
   FAIRKV_TRY(validate(view, "view"));
   FAIRKV_TRY(detail::check_extents(plan, view.keys(), "view"));
-  return detail::move_rows(ex, plan, view.keys(), view.values());
+  FAIRKV_TRY(detail::check_not_applied(plan));
+  FAIRKV_TRY(detail::move_rows(ex, plan, view.keys(), view.values()));
+  detail::mark_applied(plan);
+  return {};
 }
 template <class T>
 [[nodiscard]] result compact(const_keep_plan_view plan, const paged_kv_view<T>& view) noexcept {

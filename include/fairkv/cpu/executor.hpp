@@ -39,7 +39,7 @@ class task_ref {
 };
 
 // What the planner asks of an executor: run(n, f) calls f(i) once for every i in [0, n), possibly concurrently,
-// and returns when all calls have returned; concurrency() bounds how many run at once (>= 1). The planner makes at
+// and returns (or throws) only when every call it started has returned; concurrency() bounds how many run at once (>= 1). The planner makes at
 // most concurrency() tasks per run, and sizes its per-task scratch by it, so the size query and the run must see
 // the same concurrency.
 template <class E>
@@ -108,6 +108,34 @@ template <executor E, class F>
                          static_cast<long long>(n), static_cast<long long>(tasks), static_cast<long long>(s),
                          static_cast<long long>(tasks));
   return {};
+}
+
+// Work that writes the caller's memory in place (compaction) cannot report a failing executor the way planning
+// does: rows already moved cannot be put back without a copy of the cache. So every share is claimed before it
+// runs (a repeated call does nothing) and, after run() returns or throws, the calling thread runs the shares the
+// executor did not: every item is processed exactly once whatever the executor does, and the memory ends exactly
+// as a serial run leaves it. The cost is one atomic fetch_or per share. Shares are capped at max_claimed_shares
+// (compaction is bound by memory bandwidth long before that many threads).
+inline constexpr std::int64_t max_claimed_shares = 1024;
+
+template <executor E, class F>
+void for_shares_exactly_once(const E& ex, std::int64_t tasks, std::int64_t items, const F& f) noexcept {
+  if (tasks > max_claimed_shares) tasks = max_claimed_shares;
+  std::atomic<std::uint64_t> claimed[max_claimed_shares / 64] = {};
+  auto share = [&](std::int64_t task) {
+    if (task < 0 || task >= tasks) return;
+    const std::uint64_t bit = std::uint64_t{1} << (task % 64);
+    if (claimed[task / 64].fetch_or(bit, std::memory_order_acq_rel) & bit) return;
+    const std::int64_t b = items * task / tasks, e = items * (task + 1) / tasks;
+    for (std::int64_t i = b; i < e; ++i) f(task, i);
+  };
+  if (tasks > 1) {
+    try {
+      ex.run(tasks, task_ref(share));
+    } catch (...) {  // the shares it did not run are run below
+    }
+  }
+  for (std::int64_t task = 0; task < tasks; ++task) share(task);
 }
 
 }  // namespace detail
