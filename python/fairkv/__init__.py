@@ -39,6 +39,8 @@ def plan(
     allocator: Optional[str] = None,
     segments: Optional[Iterable[Tuple[int, int]]] = None,
     whitelist: Optional[Iterable[int]] = None,
+    priorities: Optional[Iterable[Tuple[float, float]]] = None,
+    remainder_priority: Optional[Tuple[float, float]] = None,
     ratio: Optional[float] = None,
     budget: Optional[int] = None,
     window: int = 64,
@@ -66,12 +68,18 @@ def plan(
             then yours to do (``fairkv.kvpress.FairPress`` does it for kvpress presses).
         scorer: one of ``SCORERS``; default ``"knorm"``, or ``"external"`` when ``scores`` are given.
         selector: one of ``SELECTORS``.
-        allocator: one of ``ALLOCATORS``. Default: ``"fair"`` with segments, ``"fair_with_whitelist"`` with
-            segments and a whitelist, ``"whitelist"`` with a whitelist alone, else ``"uniform"``.
+        allocator: one of ``ALLOCATORS``. Default: ``"prioritized"`` with priorities, ``"fair"`` with segments,
+            ``"fair_with_whitelist"`` with segments and a whitelist, ``"whitelist"`` with a whitelist alone, else
+            ``"uniform"``.
         segments: ``(begin, end)`` token ranges (e.g. a system prompt's instructions), disjoint, any order. Under
             fair eviction every segment keeps the same fraction of its tokens; text outside every segment is one
             more group.
         whitelist: token positions always kept; they count against the budget.
+        priorities: for ``allocator="prioritized"`` (and only it, which needs them): one ``(weight, floor)`` per
+            segment, in the order of ``segments``. A segment keeps a fraction of its tokens proportional to its weight
+            (weight 0: only after every weighted segment is whole), and never less than ``floor`` (a fraction in
+            [0, 1]) of them.
+        remainder_priority: ``(weight, floor)`` of the tokens outside every segment (default ``(1, 0)``).
         ratio: the fraction of tokens to evict, in [0, 1): a sequence of L tokens keeps
             ``max(1, floor(L * (1 - ratio)))`` per head (kvpress's rule). Give exactly one of ratio and budget.
         budget: the number of tokens to keep per head (a sequence shorter than it keeps everything).
@@ -92,7 +100,8 @@ def plan(
     """
     return _fairkv.plan(
         keys, queries=queries, scores=scores, scorer=scorer, selector=selector, allocator=allocator,
-        segments=segments, whitelist=whitelist, ratio=ratio, budget=budget, window=window, kernel=kernel,
+        segments=segments, whitelist=whitelist, priorities=priorities, remainder_priority=remainder_priority,
+        ratio=ratio, budget=budget, window=window, kernel=kernel,
         n_sink=n_sink, sinks=sinks, boundary=boundary, debias_lambda=debias_lambda,
         alpha_safeguard=alpha_safeguard, scale=scale)
 
@@ -103,12 +112,18 @@ def compact(plan: Plan, keys: Any, values: Any) -> None:
     Afterwards row (b, h) holds its kept tokens, in their original order, in positions ``[0, plan.counts[b, h])``;
     what lies beyond is unspecified (an engine shortens its cache there; with equal counts per head, e.g. the
     ``per_head`` selector, ``keys[:, :, :n]`` is the compacted cache). Keys and values must be writable, in one
-    dtype, with the plan's batch and heads and at least its tokens; they may have any strides (e.g. views into a
-    larger cache) but must not overlap each other. The GIL is released while the library moves the rows.
+    dtype, with the plan's batch and heads and exactly the tokens it was made for (``plan.lengths``); they may have
+    any strides (e.g. views into a larger cache) but must not overlap each other. Tensors that require grad are
+    refused (autograd would not see the write; pass ``.detach()``, which shares the memory). The GIL is released
+    while the library moves the rows.
+
+    A plan is applied once: compacting again with it would move already-compacted rows, so a second call is
+    refused (``plan.applied`` says whether it has been). To apply one selection to several copies of a cache,
+    plan once per copy.
 
     Raises:
-        fairkv.Error: for a plan that does not fit the arrays, read-only or overlapping arrays, or a dtype
-            mismatch; nothing was written then.
+        fairkv.Error: for a plan that does not fit the arrays or was already applied, read-only or overlapping
+            arrays, tensors that require grad, or a dtype mismatch; nothing was written then.
     """
     _fairkv.compact(plan, keys, values)
 

@@ -44,12 +44,31 @@ std::string py_type_name(nb::handle h) { return nb::cast<std::string>(nb::handle
 
 // An array argument, never copied or converted: nanobind's implicit conversion is off, so a float64 array is an
 // error rather than a silent float32 copy that compaction would then write into instead of the caller's memory.
+// What a numpy-like array holds, for a message: its dtype and whether numpy reads it in native byte order.
+std::string dtype_of(nb::handle h) {
+  if (!nb::hasattr(h, "dtype")) return {};
+  const nb::object dt = h.attr("dtype");
+  std::string out = "dtype " + std::string(nb::str(dt).c_str());
+  if (nb::hasattr(dt, "byteorder") && nb::cast<std::string>(dt.attr("byteorder")) == ">")
+    out += " (big-endian: fairkv reads native byte order; convert with .astype('=f4'))";
+  return out;
+}
+
 any_array as_array(nb::handle h, const char* name) {
   any_array a;
   if (!nb::try_cast(h, a, /*convert=*/false)) {
-    // A tensor that exports nothing readable (e.g. torch's meta device) says where it lives.
-    const std::string where =
-        nb::hasattr(h, "device") ? " on device '" + std::string(nb::str(nb::object(h.attr("device"))).c_str()) + "'" : "";
+    // An array nanobind cannot take as it is: a dtype it does not map (object, longdouble, non-native byte order)
+    // says so; a tensor that exports nothing readable (e.g. torch's meta device) says where it lives.
+    if (const std::string dt = dtype_of(h); !dt.empty() && nb::hasattr(h, "__array_interface__"))
+      raise_argument(std::string(name) + " has " + dt + ": fairkv reads float32, float16 or bfloat16 arrays as they "
+                     "are, without converting them");
+    std::string where;
+    if (nb::hasattr(h, "device")) {
+      const std::string device = nb::str(nb::object(h.attr("device"))).c_str();
+      where = device == "cpu" ? " that exports neither DLPack nor the buffer protocol" : " on device '" + device + "'";
+      if (nb::hasattr(h, "requires_grad") && nb::cast<bool>(h.attr("requires_grad")))
+        where += " (a tensor that requires grad does not export its memory: pass .detach(), which shares it)";
+    }
     raise_argument(std::string(name) + " must be a numpy array or a torch tensor in host memory (anything exporting "
                    "DLPack or the buffer protocol), not a " + py_type_name(h) + where);
   }
@@ -150,6 +169,36 @@ std::vector<std::int32_t> read_whitelist(nb::handle obj) {
   return out;
 }
 
+// A float argument: a Python float or int, or anything with __float__ (numpy scalars); bool is refused.
+float read_float(nb::handle h, const std::string& what) {
+  if (PyBool_Check(h.ptr()) || !(PyFloat_Check(h.ptr()) || PyLong_Check(h.ptr()) || nb::hasattr(h, "__float__")))
+    raise_argument(what + " must be a number, not " + py_type_name(h));
+  const double v = PyFloat_AsDouble(h.ptr());
+  if (v == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    raise_argument(what + " is not a number the module can read");
+  }
+  return static_cast<float>(v);
+}
+
+segment_priority read_priority(nb::handle item, const std::string& at) {
+  if (!PySequence_Check(item.ptr()) || PySequence_Size(item.ptr()) != 2) {
+    PyErr_Clear();
+    raise_argument(at + " must be a pair (weight, floor)");
+  }
+  return {read_float(item[0], at + ".weight"), read_float(item[1], at + ".floor")};
+}
+
+std::vector<segment_priority> read_priorities(nb::handle obj) {
+  std::vector<segment_priority> out;
+  if (obj.is_none()) return out;
+  if (!nb::hasattr(obj, "__iter__"))
+    raise_argument("priorities must be a sequence of (weight, floor) pairs, not " + py_type_name(obj));
+  std::size_t i = 0;
+  for (nb::handle item : nb::iter(obj)) out.push_back(read_priority(item, "priorities[" + std::to_string(i++) + "]"));
+  return out;
+}
+
 template <class Kind>
 Kind parse_name(const std::string& name) {
   Kind k{};
@@ -190,7 +239,8 @@ nb::ndarray<nb::numpy, const T, nb::ndim<N>> array_of(const py_plan& self, const
 
 py_plan plan(nb::handle keys, nb::handle queries, nb::handle scores, std::optional<std::string> scorer,
              const std::string& selector, std::optional<std::string> allocator, nb::handle segments,
-             nb::handle whitelist, std::optional<double> ratio, nb::handle budget,
+             nb::handle whitelist, nb::handle priorities, nb::handle remainder_priority,
+             std::optional<double> ratio, nb::handle budget,
              std::int32_t window, std::int32_t kernel, std::int32_t n_sink, std::optional<std::int32_t> sinks,
              std::int32_t boundary, float debias_lambda, float alpha_safeguard, float scale) {
   plan_request r;
@@ -200,8 +250,27 @@ py_plan plan(nb::handle keys, nb::handle queries, nb::handle scores, std::option
   r.spec.selector = parse_name<selection_kind>(selector);
   r.segments = read_segments(segments);
   r.whitelist = read_whitelist(whitelist);
+  const bool weighted = !priorities.is_none() || !remainder_priority.is_none();
   r.spec.allocator = allocator ? parse_name<allocator_kind>(*allocator)
-                               : default_allocator(!segments.is_none(), !whitelist.is_none());
+                     : weighted ? allocator_kind::prioritized
+                                : default_allocator(!segments.is_none(), !whitelist.is_none());
+  // The prioritized allocator's weights, and only its: given to another allocator they would be ignored, and
+  // prioritized without them would be fair under another name.
+  if (r.spec.allocator == allocator_kind::prioritized) {
+    if (!weighted)
+      raise_argument("allocator 'prioritized' needs priorities=[(weight, floor), ...], one per segment in the order "
+                     "given (and optionally remainder_priority=(weight, floor) for the tokens outside them); without "
+                     "them it is 'fair'");
+    r.priorities = read_priorities(priorities);
+    if (!r.priorities.empty() && r.priorities.size() != r.segments.size())
+      raise_argument("priorities has " + std::to_string(r.priorities.size()) + " entries for " +
+                     std::to_string(r.segments.size()) + " segments: give one (weight, floor) per segment");
+    r.spec.priorities = r.priorities;
+    if (!remainder_priority.is_none()) r.spec.remainder_priority = read_priority(remainder_priority, "remainder_priority");
+  } else if (weighted) {
+    raise_argument(std::string("priorities and remainder_priority are read only by allocator 'prioritized', not by '") +
+                   allocator_name(r.spec.allocator) + "'");
+  }
   r.spec.window = window;
   r.spec.kernel = kernel;
   r.spec.n_sink = n_sink;
@@ -282,6 +351,11 @@ result compact_as(const py_plan& p, const raw_view& k, const raw_view& v) noexce
 }
 
 any_array writable(nb::handle h, const char* name) {
+  // Compaction writes the memory directly: autograd would neither see the change nor bump the tensor's version
+  // counter, so a tensor in a graph (or a leaf that requires grad) would give silently wrong gradients.
+  if (nb::hasattr(h, "requires_grad") && nb::cast<bool>(h.attr("requires_grad")))
+    raise_argument(std::string(name) + " requires grad: compaction writes it in place behind autograd's back; pass " +
+                   name + ".detach() (it shares the memory) if that is what you mean");
   writable_array w;
   if (!nb::try_cast(h, w, /*convert=*/false)) {
     (void)as_array(h, name);  // raises for what is not an array at all, or not on the host
@@ -347,6 +421,8 @@ NB_MODULE(_fairkv, m) {
       .def_prop_ro("batch", [](const py_plan& self) { return self.plan.batch(); })
       .def_prop_ro("heads", [](const py_plan& self) { return self.plan.heads(); })
       .def_prop_ro("capacity", [](const py_plan& self) { return self.plan.capacity(); })
+      .def_prop_ro("applied", [](const py_plan& self) { return self.plan.applied(); },
+                   "whether fairkv.compact has applied this plan (a plan is applied once)")
       .def_prop_ro("policy", [](const py_plan& self) { return self.description; },
                    "scorer x selector x allocator, as planned")
       .def(
@@ -367,7 +443,8 @@ NB_MODULE(_fairkv, m) {
 
   m.def("plan", &plan, "keys"_a = nb::none(), nb::kw_only(), "queries"_a = nb::none(), "scores"_a = nb::none(),
         "scorer"_a = nb::none(), "selector"_a = "per_head", "allocator"_a = nb::none(), "segments"_a = nb::none(),
-        "whitelist"_a = nb::none(), "ratio"_a = nb::none(), "budget"_a = nb::none(), "window"_a = 64, "kernel"_a = 5,
+        "whitelist"_a = nb::none(), "priorities"_a = nb::none(), "remainder_priority"_a = nb::none(),
+        "ratio"_a = nb::none(), "budget"_a = nb::none(), "window"_a = 64, "kernel"_a = 5,
         "n_sink"_a = 4, "sinks"_a = nb::none(), "boundary"_a = 0, "debias_lambda"_a = 1.0f,
         "alpha_safeguard"_a = 0.2f, "scale"_a = 0.0f, "Plans one layer (see fairkv.plan).");
   m.def("compact", &compact, "plan"_a, "keys"_a, "values"_a, "Compacts keys and values in place (see fairkv.compact).");

@@ -36,6 +36,7 @@ struct plan_request {
   float scale = 0.0f;
   std::vector<segment> segments;
   std::vector<std::int32_t> whitelist;
+  std::vector<segment_priority> priorities;  // prioritized: one per segment; spec.priorities points here
   keep_target target{};  // a ratio or a token budget
 };
 

@@ -276,3 +276,78 @@ def test_attention_kernel_isa_follows_the_fairkv_cpu_isa_cap():
     if floor not in dispatched:  # the module's own flags are below AVX2 (a default x86-64 build)
         assert avx2 in (floor, "avx2")  # avx2 where the CPU has it, never avx512
         assert full in (avx2, "avx512")
+
+
+def test_a_plan_is_applied_once_a_second_compaction_is_refused_and_writes_nothing():
+    k, v = indexed_cache(1, 2, 40, 4)
+    p = fairkv.plan(k, ratio=0.5)
+    assert not p.applied
+    fairkv.compact(p, k, v)
+    assert p.applied
+    k1, v1 = k.copy(), v.copy()
+    with pytest.raises(fairkv.Error) as e:
+        fairkv.compact(p, k, v)  # would move already-compacted rows again
+    assert e.value.status == "invalid plan" and "already applied" in str(e.value)
+    np.testing.assert_array_equal(k, k1)
+    np.testing.assert_array_equal(v, v1)
+    # A fresh plan of the same cache compacts it again, from what it holds now.
+    fairkv.compact(fairkv.plan(k, ratio=0.5), k, v)
+
+
+def test_prioritized_takes_weights_and_floors_and_refuses_to_be_fair_in_disguise():
+    k, _ = indexed_cache(1, 1, 40, 4)
+    segs = [(4, 20), (20, 36)]
+    # Weights 3 : 1 on two 16-token segments, no sinks: the 20 kept tokens split 15 / 5 (and 0 outside them,
+    # whose weight is 0): in proportion to weight x size, hand-worked.
+    p = fairkv.plan(k, segments=segs, priorities=[(3.0, 0.0), (1.0, 0.0)], remainder_priority=(0.0, 0.0), sinks=0,
+                    budget=20)
+    assert p.policy.endswith("prioritized")
+    kept = p.kept(0, 0)
+    assert ((kept >= 4) & (kept < 20)).sum() == 15
+    assert ((kept >= 20) & (kept < 36)).sum() == 5
+    # A floor of 1.0 keeps the second segment whole whatever its weight.
+    p = fairkv.plan(k, segments=segs, priorities=[(3.0, 0.0), (1.0, 1.0)], remainder_priority=(0.0, 0.0), sinks=0,
+                    budget=20)
+    kept = p.kept(0, 0)
+    assert ((kept >= 20) & (kept < 36)).sum() == 16
+    cases = [
+        (lambda: fairkv.plan(k, segments=segs, allocator="prioritized", ratio=0.5), "needs priorities"),
+        (lambda: fairkv.plan(k, segments=segs, allocator="fair", priorities=[(1, 0), (1, 0)], ratio=0.5),
+         "only by allocator 'prioritized'"),
+        (lambda: fairkv.plan(k, segments=segs, priorities=[(1, 0)], ratio=0.5), "1 entries for 2 segments"),
+        (lambda: fairkv.plan(k, segments=segs, priorities=[(1, 0), 2], ratio=0.5), "priorities[1] must be a pair"),
+        (lambda: fairkv.plan(k, segments=segs, priorities=[(1, 0), (True, 0)], ratio=0.5), "priorities[1].weight"),
+        (lambda: fairkv.plan(k, segments=segs, priorities=[(1, 0), (-1.0, 0)], ratio=0.5), "weight must be finite"),
+        (lambda: fairkv.plan(k, segments=segs, priorities=[(1, 0), (1, 1.5)], ratio=0.5), "floor"),
+    ]
+    for call, text in cases:
+        with pytest.raises(fairkv.Error) as e:
+            call()
+        assert text in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("dtype,text", [(">f4", "big-endian"), ("O", "dtype object"),
+                                         (np.longdouble, "dtype float128")])
+def test_arrays_of_an_unreadable_dtype_are_named_by_their_dtype(dtype, text):
+    if np.dtype(dtype) == np.dtype(np.float64):
+        pytest.skip("longdouble is float64 on this platform")
+    k = np.zeros((1, 2, 8, 4), dtype=dtype)
+    with pytest.raises(fairkv.Error) as e:
+        fairkv.plan(k, ratio=0.5)
+    assert text in str(e.value), str(e.value)
+    assert "device" not in str(e.value)
+
+
+def test_a_tensor_that_requires_grad_is_not_written_behind_autograds_back():
+    torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test_python.sh installs it)")
+    k = torch.randn(1, 2, 16, 4)
+    v = torch.randn(1, 2, 16, 4, requires_grad=True)
+    v0 = v.detach().clone()
+    p = fairkv.plan(k, ratio=0.5)
+    with pytest.raises(fairkv.Error) as e:
+        fairkv.compact(p, k, v)
+    assert "requires grad" in str(e.value) and ".detach()" in str(e.value)
+    assert torch.equal(v.detach(), v0)
+    assert not p.applied
+    fairkv.compact(p, k, v.detach())  # the explicit way: the same memory, outside the graph
+    assert not torch.equal(v.detach(), v0)
