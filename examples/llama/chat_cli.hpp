@@ -190,7 +190,8 @@ inline const std::vector<option>& options() {
          a.script = read_script(n, v);
          a.scripted = true;
        }},
-      {"--budget", "N", "tokens per KV head kept at most, in [1, 1048576] (required): the cache's capacity",
+      {"--budget", "N", "tokens per KV head kept at most, in [1, 1048576] (required): the cache grows up to it;\n"
+                        "at most the model's llama.context_length and what fits the available memory",
        [](args& a, std::string_view n, const std::string& v) { a.req.budget = cli::parse_int(n, v, 1, max_budget); }},
       {"--ratio", "R", "refused: chat keeps a token budget, not a ratio",
        [](args&, std::string_view n, const std::string&) {
@@ -244,6 +245,9 @@ inline const std::vector<option>& options() {
          if (v.empty()) fail(n, "empty phrase");
          a.req.whitelist.push_back(v);
        }},
+      {"--allow-long-context", "", "a budget beyond llama.context_length, and turns whose positions pass it, run\n"
+                                   "with a warning instead of being refused",
+       [](args& a, std::string_view, const std::string&) { a.req.allow_long_context = true; }},
       {"--max-new-tokens", "N", "answer tokens per turn at most, in [0, 1048576] (default 128)",
        [](args& a, std::string_view n, const std::string& v) {
          a.req.max_new_tokens = cli::parse_int(n, v, 0, max_token_count);
@@ -317,7 +321,8 @@ inline std::string to_json(const chat_turn_report& t, const std::vector<segment_
          ", \"cache_min\": " + ints(t.cache_min) + ", \"cache_max\": " + ints(t.cache_max) +
          ", \"system_kept\": " + kept + ", \"prefill_ms\": " + json::number(t.prefill_ms) +
          ", \"decode_ms\": " + json::number(t.decode_ms) + ", \"decode_tps\": " + json::number(t.decode_tps) +
-         ", \"rss_bytes\": " + std::to_string(t.rss_bytes) + ", \"n_past\": " + std::to_string(t.n_past) + "}";
+         ", \"rss_bytes\": " + std::to_string(t.rss_bytes) + ", \"n_past\": " + std::to_string(t.n_past) +
+         ", \"capacity\": " + std::to_string(t.capacity) + ", \"warning\": " + json::quote(t.warning) + "}";
 }
 
 inline void print_turn_line(const chat_turn_report& t, const std::vector<segment_info>& segs) {
@@ -356,6 +361,7 @@ inline int run(args a) {
   std::vector<std::string> lines;
   auto one = [&](const std::string& user, const std::string& name) {
     const chat_turn_report t = session.turn(user, name);
+    if (!t.warning.empty()) std::fprintf(stderr, "warning: %s\n", t.warning.c_str());
     if (!a.quiet) print_turn_line(t, session.system_segments());
     if (a.scripted) std::printf("> %s\n", user.c_str());
     std::printf("%s\n", t.answer.c_str());

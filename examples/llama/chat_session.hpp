@@ -22,6 +22,13 @@
 // token, kept beside the cache ([n_layers][n_heads][budget][head_dim]) and compacted through the same plan:
 // SnapKV's window is the last w queries fed, TOVA's the last one (both always cached: the scorers keep their own
 // window), and fair H2O needs each segment's own queries, which column sums over the whole cache cannot give.
+//
+// Memory: the cache (and the queries and positions beside it) grows by doubling as the conversation needs rows, up
+// to the budget, instead of allocating the budget up front; a budget whose full-size cache exceeds the memory the
+// machine has available at start is refused with both numbers, as is one beyond the model's training context
+// (llama.context_length) unless --allow-long-context. Positions keep growing with the conversation (compaction
+// keeps them), so a turn that would take them past the training context is refused as well (the session goes on
+// for shorter turns... none will fit: say so), or, with --allow-long-context, runs with a warning.
 #pragma once
 
 #include <algorithm>
@@ -40,6 +47,7 @@
 #include "compress.hpp"
 #include "console.hpp"
 #include "forward.hpp"
+#include "host_memory.hpp"
 #include "system_prompt.hpp"
 #include "tokenizer.hpp"
 
@@ -63,6 +71,12 @@ struct chat_request {
   // system's 1. The defaults (0, 1) are plain fair eviction.
   float system_floor = 0.0f;
   float turn_decay = 1.0f;
+  // A budget beyond the model's training context, and turns whose positions go past it, run with a warning
+  // instead of being refused.
+  bool allow_long_context = false;
+  // Tokens per head allocated at start (0: the system turn, at least 256); the cache doubles from there up to the
+  // budget. Tests set it to force growth.
+  int initial_capacity = 0;
   bool prioritized() const noexcept { return compress.fair && (system_floor != 0.0f || turn_decay != 1.0f); }
 };
 
@@ -117,7 +131,34 @@ struct chat_turn_report {
   double decode_tps = 0;         // generated tokens per second of decoding
   int64_t rss_bytes = 0;
   int n_past = 0;                // tokens ever fed (the next position)
+  int capacity = 0;              // tokens per head the cache holds room for now (grows up to the budget)
+  std::string warning;           // e.g. positions past the training context under --allow-long-context
 };
+
+// Bytes a chat keeps per budget token at full size: K and V, the position of every row, and the queries (SnapKV,
+// TOVA, fair H2O) or running column sums (plain H2O) beside them.
+inline int64_t chat_bytes_per_token(const hparams& hp, bool queries, bool column_sums) {
+  const int64_t per_layer = 2 * int64_t(hp.n_kv_heads) * hp.head_dim * int64_t(sizeof(float)) +
+                            int64_t(hp.n_kv_heads) * int64_t(sizeof(int32_t)) +
+                            (queries ? int64_t(hp.n_heads) * hp.head_dim * int64_t(sizeof(float)) : 0) +
+                            (column_sums ? int64_t(hp.n_heads) * int64_t(sizeof(float)) : 0);
+  return per_layer * hp.n_layers;
+}
+
+// Refuses a budget whose full-size cache exceeds `available` bytes (0: unknown, nothing refused).
+inline void check_chat_memory(int budget, int64_t bytes_per_token, int64_t available) {
+  const int64_t need = int64_t(budget) * bytes_per_token;
+  if (available <= 0 || need <= available) return;
+  auto gib = [](int64_t b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(int64_t{1} << 30));
+    return std::string(buf);
+  };
+  throw std::runtime_error("--budget " + std::to_string(budget) + " needs " + gib(need) + " of cache at full size (" +
+                           std::to_string(bytes_per_token) + " bytes per token for this model and policy), but " +
+                           gib(available) + " are available: lower --budget to at most " +
+                           std::to_string(available / bytes_per_token));
+}
 
 class chat_session {
  public:
@@ -134,9 +175,21 @@ class chat_session {
     needs_queries_ = policy_needs_queries(req_.compress.policy) && !online_h2o_;
     close_ = tok_.encode(std::string(chat::im_end) + "\n", /*parse_special=*/true);
 
+    const int n_ctx = hp.n_ctx_train;
+    if (n_ctx > 0 && req_.budget > n_ctx) {
+      const std::string msg = "--budget " + std::to_string(req_.budget) + " is larger than the model's training "
+                              "context of " + std::to_string(n_ctx) + " tokens (llama.context_length)";
+      if (!req_.allow_long_context)
+        throw std::runtime_error(msg + ": its attention would span positions the model never saw; lower --budget or "
+                                 "pass --allow-long-context");
+      warnings_.push_back(msg + " (allowed by --allow-long-context)");
+    }
+    check_chat_memory(req_.budget, chat_bytes_per_token(hp, needs_queries_, online_h2o_), available_memory_bytes());
+
     const parsed_system ps = parse_system_segments(system);
     sys_ = chat::encode_system_turn(tok_, ps.text);
     const int n_sys = int(sys_.tokens.ids.size());
+    check_positions(n_sys, "the system turn");
     if (n_sys > req_.budget)
       throw std::runtime_error("the system turn has " + std::to_string(n_sys) + " tokens, more than --budget " +
                                std::to_string(req_.budget) + " (chat does not compress during a prefill: raise "
@@ -161,17 +214,19 @@ class chat_session {
                                " whitelisted tokens that every compaction must keep");
     req_.compress.whitelist = whitelist_;  // policy_spec_of picks the whitelist allocator from it
 
-    seq_ = eng_.make_sequence(req_.budget);
+    const int first = req_.initial_capacity > 0 ? req_.initial_capacity : 256;
+    seq_ = eng_.make_sequence(std::min(req_.budget, std::max(first, n_sys)));
     heads_.assign(size_t(hp.n_layers) * size_t(hp.n_kv_heads), head_state{});
     for (head_state& h : heads_) {
       for (const segment_info& s : system_segments_) h.measured.push_back({s.begin, s.end});
       for (const segment_info& s : alloc) h.alloc.push_back({s.begin, s.end});
       h.alloc_orig = h.alloc;
-      h.positions.assign(size_t(req_.budget), -1);
+      h.positions.assign(size_t(seq_.cache.capacity()), -1);
       h.whitelist = whitelist_;
     }
     if (needs_queries_)
-      queries_.assign(size_t(hp.n_layers), std::vector<float>(size_t(hp.n_heads) * size_t(req_.budget) * size_t(hp.head_dim)));
+      queries_.assign(size_t(hp.n_layers),
+                      std::vector<float>(size_t(hp.n_heads) * size_t(seq_.cache.capacity()) * size_t(hp.head_dim)));
     feed(sys_.tokens.ids);
   }
 
@@ -205,6 +260,7 @@ class chat_session {
                                std::to_string(req_.max_new_tokens) + " + " + std::to_string(closing_tokens()) +
                                " closing tokens), more than --budget " + std::to_string(req_.budget) +
                                ": refused (chat does not compress during a prefill)");
+    r.warning = check_positions(seq_.n_past + room, "turn " + std::to_string(r.index));
     ++turns_;
     r.cache_before = max_len();
     if (r.cache_before + room > req_.budget) {
@@ -247,6 +303,7 @@ class chat_session {
     r.system_kept = system_kept();
     r.rss_bytes = resident_bytes();
     r.n_past = seq_.n_past;
+    r.capacity = seq_.cache.capacity();
     return r;
   }
 
@@ -272,7 +329,7 @@ class chat_session {
     std::vector<fairkv::segment> measured;  // the system segments the report measures; {x, x} once evicted
     std::vector<fairkv::segment> alloc;     // what fair eviction allocates over (evicted ones removed)
     std::vector<fairkv::segment> alloc_orig;  // alloc's original ranges (absolute positions), entry for entry
-    std::vector<int32_t> positions;         // [budget] absolute position of each cache row (for checks, reports)
+    std::vector<int32_t> positions;         // [capacity] absolute position of each cache row (for checks, reports)
     std::vector<int32_t> whitelist;
   };
   head_state& head(int l, int g) { return heads_.at(size_t(l) * size_t(eng_.hp().n_kv_heads) + size_t(g)); }
@@ -288,6 +345,7 @@ class chat_session {
   // queries beside the cache when the policy scores with attention.
   std::vector<float> feed(std::span<const int32_t> ids) {
     const int at = max_len(), pos = seq_.n_past;
+    reserve(at + int(ids.size()));
     for (head_state& h : heads_)
       for (size_t t = 0; t < ids.size(); ++t) h.positions.at(size_t(at) + t) = pos + int32_t(t);
     capture_options capture{needs_queries_};
@@ -295,7 +353,7 @@ class chat_session {
     std::vector<float> logits = eng_.feed(seq_, ids, false, capture);
     if (needs_queries_) {
       const hparams& hp = eng_.hp();
-      const size_t n = ids.size(), hd = size_t(hp.head_dim), cap = size_t(req_.budget);
+      const size_t n = ids.size(), hd = size_t(hp.head_dim), cap = size_t(seq_.cache.capacity());
       for (int l = 0; l < hp.n_layers; ++l) {
         kv_layer& cl = seq_.cache.layer(l);
         for (size_t h = 0; h < size_t(hp.n_heads); ++h)
@@ -304,6 +362,47 @@ class chat_session {
       }
     }
     return logits;
+  }
+
+  // Room for `rows` tokens per head: the cache, the positions and the queries beside it double (up to the
+  // budget, which every caller has checked `rows` against). The cache grows first and leaves itself as it was if
+  // that fails; positions and queries follow.
+  void reserve(int rows) {
+    const int cap = seq_.cache.capacity();
+    if (rows <= cap) return;
+    const int next = std::min(req_.budget, std::max(rows, cap > req_.budget / 2 ? req_.budget : 2 * cap));
+    if (rows > next) throw std::logic_error("chat: " + std::to_string(rows) + " rows exceed the budget");
+    std::vector<std::vector<float>> queries;
+    if (needs_queries_) {
+      const hparams& hp = eng_.hp();
+      const size_t hd = size_t(hp.head_dim), from = size_t(cap) * hd, to = size_t(next) * hd;
+      queries.reserve(queries_.size());
+      for (const std::vector<float>& q : queries_) {
+        std::vector<float> out(size_t(hp.n_heads) * to, 0.0f);
+        for (size_t h = 0; h < size_t(hp.n_heads); ++h) std::copy_n(q.data() + h * from, from, out.data() + h * to);
+        queries.push_back(std::move(out));
+      }
+    }
+    for (head_state& h : heads_) h.positions.reserve(size_t(next));
+    seq_.cache.grow(next);  // nothing throws after this
+    queries_.swap(queries);
+    if (!needs_queries_) queries_.clear();
+    for (head_state& h : heads_) h.positions.resize(size_t(next), -1);
+  }
+
+  // Refuses (or, under --allow-long-context, warns about) positions up to `end` past the training context.
+  // Returns the warning, if any. Called before anything of the session changes.
+  std::string check_positions(int end, const std::string& what) {
+    const int n_ctx = eng_.hp().n_ctx_train;
+    if (n_ctx <= 0 || end <= n_ctx) return {};
+    const std::string msg = what + " would take positions to " + std::to_string(end) + ", past the model's training "
+                            "context of " + std::to_string(n_ctx) + " (llama.context_length; compaction keeps "
+                            "positions, so they grow with the conversation)";
+    if (!req_.allow_long_context)
+      throw turn_too_long(msg + ": refused; start a new conversation, or pass --allow-long-context to go on");
+    if (long_context_warned_) return {};
+    long_context_warned_ = true;
+    return msg + " (allowed by --allow-long-context: quality degrades past it)";
   }
 
   // A new segment [begin, end) of every head (a user or assistant turn).
@@ -356,7 +455,7 @@ class chat_session {
 
   void plan_and_compact(int l, int g0, int nkv, int target, int turn) {
     const hparams& hp = eng_.hp();
-    const int hd = hp.head_dim, cap = req_.budget;
+    const int hd = hp.head_dim, cap = seq_.cache.capacity();
     kv_layer& cl = seq_.cache.layer(l);
     const int L = cl.len[size_t(g0)];
     for (int g = g0; g < g0 + nkv; ++g)
@@ -461,8 +560,9 @@ class chat_session {
   std::vector<std::string> warnings_;
   sequence seq_;
   std::vector<head_state> heads_;         // [n_layers * n_kv_heads]
-  std::vector<std::vector<float>> queries_;  // [n_layers][n_heads, budget, head_dim] post-RoPE queries of the cache
+  std::vector<std::vector<float>> queries_;  // [n_layers][n_heads, capacity, head_dim] post-RoPE queries of the cache
   int turns_ = 0;
+  bool long_context_warned_ = false;
   std::vector<int32_t> turn_starts_;  // absolute position of every turn's first user token
 };
 

@@ -69,6 +69,29 @@ class kv_cache {
     return len.empty() ? 0 : *std::max_element(len.begin(), len.end());
   }
 
+  // Raises the capacity to `new_capacity` tokens per head, keeping every row (a cache that grows with the
+  // conversation instead of allocating its largest size up front). All new buffers are allocated before any is
+  // swapped in, so an allocation failure leaves the cache as it was; the peak is the old and the new cache together.
+  void grow(int new_capacity) {
+    if (new_capacity <= capacity_) return;
+    struct moved {
+      std::vector<float> k, v, run_colsum;
+    };
+    std::vector<moved> next(layers_.size());
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const kv_layer& l = layers_[i];
+      next[i].k = relayout(l.k, n_kv_heads_, new_capacity, head_dim_);
+      next[i].v = relayout(l.v, n_kv_heads_, new_capacity, head_dim_);
+      if (!l.run_colsum.empty()) next[i].run_colsum = relayout(l.run_colsum, n_heads_, new_capacity, 1);
+    }
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      layers_[i].k.swap(next[i].k);
+      layers_[i].v.swap(next[i].v);
+      if (!layers_[i].run_colsum.empty()) layers_[i].run_colsum.swap(next[i].run_colsum);
+    }
+    capacity_ = new_capacity;
+  }
+
   void require_room(int n_new) const {
     for (int l = 0; l < n_layers(); ++l)
       if (max_len(l) + n_new > capacity_)
@@ -119,6 +142,14 @@ class kv_cache {
   fairkv::kv_view<float> v_view(int l, int tokens) { return view(layers_.at(size_t(l)).v.data(), tokens); }
 
  private:
+  // [rows][capacity_][width] -> [rows][new_capacity][width], zero beyond the old rows.
+  std::vector<float> relayout(const std::vector<float>& old, int rows, int new_capacity, int width) const {
+    std::vector<float> out(size_t(rows) * size_t(new_capacity) * size_t(width), 0.0f);
+    const size_t from = size_t(capacity_) * size_t(width), to = size_t(new_capacity) * size_t(width);
+    for (size_t r = 0; r < size_t(rows); ++r) std::copy_n(old.data() + r * from, from, out.data() + r * to);
+    return out;
+  }
+
   size_t offset(int h, int t) const noexcept {
     return (size_t(h) * size_t(capacity_) + size_t(t)) * size_t(head_dim_);
   }

@@ -59,7 +59,13 @@ int main(int argc, char** argv) {
         std::fputs(llama::chat_cli::usage().c_str(), stdout);
         return 0;
       }
-      return llama::chat_cli::run(std::move(c));
+      try {
+        return llama::chat_cli::run(std::move(c));
+      } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "fairkv-llama chat: error: out of memory (the cache grows up to --budget tokens per KV "
+                             "head: lower --budget)\n");
+        return 1;
+      }
     }
     // Everything is parsed and validated before the model is loaded.
     llama::cli::args a = llama::cli::parse(argc, argv);

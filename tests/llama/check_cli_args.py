@@ -190,14 +190,14 @@ def main():
     expect_error(chat + ["--system", "x", "--system-file", good_file], "--system-file", "chat --system and --system-file")
     for g in [["--script", script], ["--policy", "snapkv", "--fair", "--sinks", "0"], ["--selector", "union_heads"],
               ["--segments", "lines"], ["--json", os.path.join(tmp, "chat.json")], ["--whitelist", "x"],
-              ["--fair", "--system-floor", "0.5", "--turn-decay", "0.7"]]:
+              ["--fair", "--system-floor", "0.5", "--turn-decay", "0.7"], ["--allow-long-context"]]:
         cases += 1
         rc, err = run(binary, chat + g)
         if rc in (0, -999) or NO_MODEL not in err:
             failures.append(f"good chat {g}: rc={rc}, stderr={err.strip()[:200]!r}")
     cases += 1
     p = subprocess.run([binary, "chat", "--help"], capture_output=True, text=True)
-    missing = [o for o in list(chat_table) + ["--fair", "--quiet", "--system"] if o not in p.stdout]
+    missing = [o for o in list(chat_table) + ["--fair", "--quiet", "--system", "--allow-long-context"] if o not in p.stdout]
     if p.returncode != 0 or missing:
         failures.append(f"chat --help: rc={p.returncode}, missing {missing}")
 

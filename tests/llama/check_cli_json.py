@@ -90,7 +90,23 @@ def check_interactive_chat(binary, model):
         with open(out, encoding="utf-8") as f:
             turns = json.load(f)["turns"]
         assert [t["turn"] for t in turns] == [1] and turns[0]["user"] == "What do you sell?", turns
+        assert 0 < turns[0]["capacity"] <= 160 and turns[0]["warning"] == "", turns[0]
     print("chat: an over-budget interactive line skipped, the next one answered")
+
+
+def check_chat_budget_bounds(binary, model):
+    # The documented maximum budget is refused before anything is allocated: beyond SmolLM2's context_length of
+    # 8192, and (allowed past it) beyond the memory a machine of less than 45 GiB has.
+    cmd = [binary, "chat", "--model", model, "--system", SYSTEM, "--budget", "1048576", "--policy", "knorm",
+           "--threads", "2", "--quiet"]
+    p = subprocess.run(cmd, input="", capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "larger than the model's training context of 8192" in p.stderr, p.stderr
+    p = subprocess.run(cmd + ["--allow-long-context"], input="", capture_output=True, text=True, timeout=120)
+    if p.returncode == 1:
+        assert "are available: lower --budget to at most" in p.stderr, p.stderr
+    else:  # a machine with that much memory: the cache starts small and grows, so an empty chat ends at once
+        assert p.returncode == 0 and "allowed by --allow-long-context" in p.stderr, (p.returncode, p.stderr)
+    print("chat: --budget 1048576 refused (context length; memory when allowed past it)")
 
 
 def main():
@@ -158,6 +174,7 @@ def main():
           f"{sent['segments'][0]['kept_fraction']:.3f}")
     check_bad_input(binary, model)
     check_interactive_chat(binary, model)
+    check_chat_budget_bounds(binary, model)
     print("OK: fairkv-llama --json report checked")
     return 0
 

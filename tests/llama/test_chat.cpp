@@ -7,7 +7,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -108,6 +113,51 @@ TEST_CASE("chat: script lines") {
   CHECK_THROWS_WITH(parse_script_line(R"({"user": "a"} x)"), doctest::Contains("trailing"));
   CHECK_THROWS_WITH(parse_script_line(R"({"user": 3})"), doctest::Contains("expected '\"'"));
   CHECK_THROWS_WITH(parse_script_line(R"({"user": "a", "user": "b"})"), doctest::Contains("twice"));
+}
+
+TEST_CASE("chat: fuzzed script lines are read or refused with a message, never past their end") {
+  // Bounded fuzz (run under ASan/UBSan by scripts/test.sh): valid lines with one to three byte mutations, cuts and
+  // insertions of the reader's own syntax. Each either parses, and then a clean re-encoding parses to the same
+  // turn, or throws std::runtime_error with a message. The reader sees a string_view of exactly the line's bytes,
+  // so any read past it is the sanitizer's error.
+  using llama::chat_cli::parse_script_line;
+  const std::vector<std::string> seeds = {
+      R"({"user": "What is two plus two?", "name": "t1"})", R"({"user": "a \"b\"\n\u00e9\ud83d\ude00"})",
+      R"(  {"name": "x", "user": ""}  )", R"({"user": "\\ \/ \b\f\r\t"})"};
+  const std::string alphabet = "{}[]\":,\\ u0123456789abcdefABCDEF\n\t\xc3\xff";
+  std::mt19937 rng(404);
+  int parsed = 0, refused = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    std::string line = seeds[rng() % seeds.size()];
+    for (int m = 0, n = 1 + int(rng() % 3); m < n && !line.empty(); ++m) {
+      const size_t at = rng() % line.size();
+      switch (rng() % 4) {
+        case 0: line[at] = alphabet[rng() % alphabet.size()]; break;
+        case 1: line.erase(at, 1 + rng() % 3); break;
+        case 2: line.insert(at, 1, alphabet[rng() % alphabet.size()]); break;
+        default: line.resize(at); break;
+      }
+    }
+    // An exact-size heap copy, so a read one byte past the line is outside any allocation.
+    const std::unique_ptr<char[]> exact(new char[line.size() ? line.size() : 1]);
+    std::memcpy(exact.get(), line.data(), line.size());
+    try {
+      const llama::chat_cli::script_turn t = parse_script_line(std::string_view(exact.get(), line.size()));
+      ++parsed;
+      std::string again = "{\"user\": \"";
+      for (char c : t.user) again += c == '"' || c == '\\' ? std::string("\\") + c : c == '\n' ? std::string("\\n") : std::string(1, c);
+      again += "\"}";
+      if (t.user.find_first_of(std::string("\r\t\b\f\0", 5)) == std::string::npos &&
+          std::none_of(t.user.begin(), t.user.end(), [](char c) { return (unsigned char)c < 0x20 && c != '\n'; }))
+        CHECK(parse_script_line(again).user == t.user);
+    } catch (const std::runtime_error& e) {
+      ++refused;
+      CHECK(std::string(e.what()).size() > 0);
+    }
+  }
+  MESSAGE("script fuzz: " << parsed << " parsed, " << refused << " refused");
+  CHECK(parsed > 0);
+  CHECK(refused > 0);
 }
 
 TEST_CASE("chat: invalid requests are refused naming the option, before the model loads") {
@@ -393,4 +443,140 @@ TEST_CASE("chat: a turn or system turn larger than the budget, and a whitelist t
   REQUIRE(room <= r3.budget);
   REQUIRE(s3.max_len() + room > r3.budget);
   CHECK_THROWS_WITH(s3.turn(user), doctest::Contains("sinks and whitelisted tokens"));
+}
+
+TEST_CASE("chat: the cache grows with the conversation and ends as one allocated at the budget up front") {
+  const std::string path = llama::test::default_model_path();
+  if (llama::test::skip_without_model(path, "chat growth test")) return;
+  const loaded L(path);
+  // SnapKV keeps the queries beside the cache, plain H2O the running column sums: both move with the growth.
+  for (const char* pol : {"snapkv", "h2o"}) {
+    CAPTURE(pol);
+    llama::engine e1(L.m, 1, llama::forward_options{2}), e2(L.m, 1, llama::forward_options{2});
+    llama::chat_request whole = request(120, pol, std::string(pol) == "snapkv"), grown = whole;
+    whole.initial_capacity = 120;  // the budget up front, as before the cache grew
+    grown.initial_capacity = 8;    // below the system turn: it starts at the system turn and doubles
+    llama::chat_session a(e1, L.tok, whole, chat_system), b(e2, L.tok, grown, chat_system);
+    CHECK(b.seq().cache.capacity() == b.system_tokens());
+    int last_capacity = b.seq().cache.capacity(), grew = 0, compressions = 0;
+    for (const std::string& u : chat_turns) {
+      const llama::chat_turn_report ta = a.turn(u), tb = b.turn(u);
+      CHECK(ta.answer == tb.answer);
+      CHECK(ta.compressed == tb.compressed);
+      compressions += tb.compressed;
+      CHECK(ta.capacity == 120);
+      CHECK(tb.capacity <= 120);
+      CHECK(tb.capacity >= b.max_len());
+      grew += tb.capacity > last_capacity;
+      last_capacity = tb.capacity;
+      // The same rows in both caches, bit for bit, and the same positions.
+      const llama::kv_cache &ca = a.seq().cache, &cb = b.seq().cache;
+      for (int l = 0; l < ca.n_layers(); ++l)
+        for (int g = 0; g < ca.n_kv_heads(); ++g) {
+          REQUIRE(ca.layer(l).len[size_t(g)] == cb.layer(l).len[size_t(g)]);
+          for (int t = 0; t < ca.layer(l).len[size_t(g)]; ++t) {
+            REQUIRE(std::equal(ca.k_row(l, g, t), ca.k_row(l, g, t) + ca.head_dim(), cb.k_row(l, g, t)));
+            REQUIRE(std::equal(ca.v_row(l, g, t), ca.v_row(l, g, t) + ca.head_dim(), cb.v_row(l, g, t)));
+            REQUIRE(a.position(l, g, t) == b.position(l, g, t));
+          }
+        }
+    }
+    CHECK(grew >= 1);
+    CHECK(compressions >= 1);
+  }
+}
+
+TEST_CASE("chat: a budget beyond the training context or the machine's memory is refused before allocating") {
+  // Memory: the bytes per budget token, hand-worked for SmolLM2-135M's shape (30 layers, 9 heads, 3 KV heads,
+  // head_dim 64): K and V 2 * 3 * 64 * 4 = 1536, positions 3 * 4 = 12, queries 9 * 64 * 4 = 2304, column sums 9 * 4.
+  llama::hparams hp;
+  hp.n_layers = 30;
+  hp.n_heads = 9;
+  hp.n_kv_heads = 3;
+  hp.head_dim = 64;
+  CHECK(llama::chat_bytes_per_token(hp, false, false) == 30 * (1536 + 12));
+  CHECK(llama::chat_bytes_per_token(hp, true, false) == 30 * (1536 + 12 + 2304));
+  CHECK(llama::chat_bytes_per_token(hp, false, true) == 30 * (1536 + 12 + 36));
+  // --budget 1048576 at 46 KB per token is 45 GiB: refused on a machine with 24 GiB available, naming both and
+  // the largest budget that fits.
+  const int64_t per = llama::chat_bytes_per_token(hp, false, false);
+  const std::string fits = "but 24.00 GiB are available: lower --budget to at most " +
+                           std::to_string((int64_t(24) << 30) / per);
+  CHECK_THROWS_WITH(llama::check_chat_memory(1048576, per, int64_t(24) << 30), doctest::Contains(fits.c_str()));
+  CHECK_NOTHROW(llama::check_chat_memory(4096, per, int64_t(24) << 30));
+  CHECK_NOTHROW(llama::check_chat_memory(1048576, per, 0));  // unknown: nothing refused
+  CHECK(llama::available_memory_bytes() > 0);                // readable on the Linux machines we run on
+
+  const std::string path = llama::test::default_model_path();
+  if (llama::test::skip_without_model(path, "chat context-length test")) return;
+  const loaded L(path);
+  llama::engine eng(L.m, 1, llama::forward_options{2});
+  REQUIRE(L.m.hp().n_ctx_train == 8192);
+  CHECK_THROWS_WITH(llama::chat_session(eng, L.tok, request(9000, "knorm", false), chat_system),
+                    doctest::Contains("larger than the model's training context of 8192"));
+  llama::chat_request r = request(9000, "knorm", false);
+  r.allow_long_context = true;
+  const llama::chat_session s(eng, L.tok, r, chat_system);
+  REQUIRE(s.warnings().size() >= 1);
+  CHECK(s.warnings().back().find("allowed by --allow-long-context") != std::string::npos);
+  CHECK(s.seq().cache.capacity() < 9000);  // allocated as it grows, not up front
+}
+
+namespace {
+// A copy of the GGUF at `path` whose llama.context_length (a u32) is `value`: the key's bytes are followed by the
+// u32 type tag (4) and the value.
+std::string with_context_length(const std::string& path, uint32_t value) {
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string key = "llama.context_length";
+  const size_t at = bytes.find(key);
+  REQUIRE(at != std::string::npos);
+  uint32_t type = 0;
+  std::memcpy(&type, bytes.data() + at + key.size(), 4);
+  REQUIRE(type == 4);
+  std::memcpy(bytes.data() + at + key.size() + 4, &value, 4);
+  const std::string out = (std::filesystem::temp_directory_path() / ("fairkv_ctx" + std::to_string(value) + ".gguf")).string();
+  std::ofstream(out, std::ios::binary) << bytes;
+  return out;
+}
+}  // namespace
+
+TEST_CASE("chat: positions past the training context refuse the turn, or warn once under --allow-long-context") {
+  const std::string path = llama::test::default_model_path();
+  if (llama::test::skip_without_model(path, "chat positions test")) return;
+  const std::string small = with_context_length(path, 200);
+  const loaded L(small);
+  REQUIRE(L.m.hp().n_ctx_train == 200);
+  for (const bool allow : {false, true}) {
+    CAPTURE(allow);
+    llama::engine eng(L.m, 1, llama::forward_options{2});
+    llama::chat_request r = request(96, "knorm", true);
+    r.allow_long_context = allow;
+    llama::chat_session s(eng, L.tok, r, chat_system);
+    int refused = 0, warned = 0, ran = 0;
+    for (int i = 0; i < 8; ++i) {
+      const int n_past = s.seq().n_past, len = s.max_len();
+      try {
+        const llama::chat_turn_report t = s.turn(chat_turns[size_t(i) % chat_turns.size()]);
+        ++ran;
+        warned += !t.warning.empty();
+        if (!allow) CHECK(t.n_past <= 200);
+      } catch (const llama::turn_too_long& e) {
+        ++refused;
+        CHECK(std::string(e.what()).find("past the model's training context of 200") != std::string::npos);
+        CHECK(s.seq().n_past == n_past);  // nothing of the session changed
+        CHECK(s.max_len() == len);
+      }
+    }
+    CHECK(ran >= 2);
+    if (allow) {
+      CHECK(refused == 0);
+      CHECK(warned == 1);  // said once, when the positions first pass it
+      CHECK(s.seq().n_past > 200);
+    } else {
+      CHECK(refused >= 1);
+      CHECK(warned == 0);
+    }
+  }
+  std::filesystem::remove(small);
 }
