@@ -1,6 +1,7 @@
 // Hand-worked budgets for every shipped allocator, then the same allocators through the planner.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -102,6 +103,52 @@ TEST_CASE("fair: the sorted water-filling equals re-sharing round by round (rand
     std::vector<std::int64_t> out = pinned, order(groups);
     allocators::detail::proportional_budgets_from(n_keep, sizes, forced, out, order);
     CHECK(out == proportional_by_rounds(n_keep, sizes, forced, pinned));
+  }
+}
+
+TEST_CASE("debias: the leftover selection equals handing out one token at a time (random groups and heads)") {
+  std::mt19937 rng(9);
+  for (int trial = 0; trial < 5000; ++trial) {
+    const std::size_t groups = 1 + rng() % (trial % 10 == 0 ? 300 : 9);
+    const std::int64_t heads = 1 + static_cast<std::int64_t>(rng() % 3);
+    std::vector<std::int64_t> sizes(groups), forced(groups, 0), own(static_cast<std::size_t>(heads) * groups);
+    std::int64_t total = 0;
+    for (std::size_t g = 0; g < groups; ++g) total += sizes[g] = 1 + static_cast<std::int64_t>(rng() % 50);
+    const std::int64_t n_keep = 1 + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(total));
+    for (std::int64_t h = 0; h < heads; ++h) {  // the plain policy's own counts: n_keep spread at random
+      std::vector<std::int64_t> row(groups, 0);
+      for (std::int64_t t = 0; t < n_keep; ++t) {
+        std::size_t g = rng() % groups;
+        while (row[g] == sizes[g]) g = (g + 1) % groups;
+        ++row[g];
+      }
+      std::copy(row.begin(), row.end(), own.begin() + h * static_cast<std::int64_t>(groups));
+    }
+    const float lambda = static_cast<float>(rng() % 1001) / 1000.0f;
+    // The reference: fair's row, floors of the interpolation, then one token at a time to the largest fraction.
+    const std::vector<std::int64_t> fair = allocate(allocators::fair{}, n_keep, 1, sizes, forced);
+    std::vector<std::int64_t> want(own.size());
+    for (std::int64_t h = 0; h < heads; ++h) {
+      auto target = [&](std::size_t i) {
+        return (1.0 - lambda) * static_cast<double>(own[static_cast<std::size_t>(h) * groups + i]) +
+               static_cast<double>(lambda) * static_cast<double>(fair[i]);
+      };
+      std::int64_t given = 0;
+      for (std::size_t i = 0; i < groups; ++i)
+        given += want[static_cast<std::size_t>(h) * groups + i] = static_cast<std::int64_t>(std::floor(target(i)));
+      for (std::int64_t left = n_keep - given; left > 0; --left) {
+        std::size_t best = groups;
+        double best_frac = -1.0;
+        for (std::size_t i = 0; i < groups; ++i) {
+          const double f = target(i) - static_cast<double>(want[static_cast<std::size_t>(h) * groups + i]);
+          if (f > 0.0 && f > best_frac && want[static_cast<std::size_t>(h) * groups + i] < sizes[i]) best_frac = f, best = i;
+        }
+        REQUIRE(best < groups);
+        ++want[static_cast<std::size_t>(h) * groups + best];
+      }
+    }
+    INFO("trial " << trial);
+    CHECK(allocate(allocators::debias{lambda}, n_keep, heads, sizes, forced, own) == want);
   }
 }
 

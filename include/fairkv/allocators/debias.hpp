@@ -5,6 +5,7 @@
 // per-segment counts are exactly the plain policy's (and so is the kept set, for scorers that are not attention-based).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <span>
 
@@ -41,20 +42,25 @@ struct debias {
         budgets[h * g + i] = static_cast<std::int64_t>(std::floor(target(i)));
         given += budgets[h * g + i];
       }
-      // Largest fractional part first, lower group index on ties. `left` < groups, so this is O(groups^2) at most.
-      for (std::int64_t left = ctx.n_keep - given; left > 0; --left) {
-        std::size_t best = g;
-        double best_frac = -1.0;
-        for (std::size_t i = 0; i < g; ++i) {
-          const double frac = target(i) - static_cast<double>(budgets[h * g + i]);
-          if (frac > 0.0 && frac > best_frac && budgets[h * g + i] < ctx.sizes[i]) {
-            best_frac = frac;
-            best = i;
-          }
-        }
-        if (best == g) return result::error(status::internal_error, "debias: could not distribute the budget");
-        ++budgets[h * g + best];
-      }
+      // The leftover tokens (fewer than the groups) one each to the largest fractional parts, lower group index
+      // on ties: one selection over the groups that can take one, not a scan per token.
+      const std::int64_t left = ctx.n_keep - given;
+      if (left <= 0) continue;
+      std::span<std::int64_t> order = ctx.scratch.subspan(g, g);
+      auto frac = [&](std::int64_t i) {
+        return target(static_cast<std::size_t>(i)) - static_cast<double>(budgets[h * g + static_cast<std::size_t>(i)]);
+      };
+      std::size_t n = 0;
+      for (std::size_t i = 0; i < g; ++i)
+        if (frac(static_cast<std::int64_t>(i)) > 0.0 && budgets[h * g + i] < ctx.sizes[i])
+          order[n++] = static_cast<std::int64_t>(i);
+      if (static_cast<std::size_t>(left) > n)
+        return result::error(status::internal_error, "debias: could not distribute the budget");
+      std::nth_element(order.data(), order.data() + (left - 1), order.data() + n, [&](std::int64_t a, std::int64_t b) {
+        const double fa = frac(a), fb = frac(b);
+        return fa != fb ? fa > fb : a < b;
+      });
+      for (std::int64_t i = 0; i < left; ++i) ++budgets[h * g + static_cast<std::size_t>(order[static_cast<std::size_t>(i)])];
     }
     return {};
   }
