@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -235,10 +236,20 @@ TEST_CASE("a plan is applied once: a second compaction is refused before it writ
               .ok());
   CHECK(k2 == k1);
   CHECK(v2 == v1);
-  // Planning into the plan again makes it fresh.
+  // Planning into the plan again makes it fresh: through the convenience overload (which resizes it), and through
+  // the workspace overload into its view, as an engine reusing one plan buffer per layer does.
   REQUIRE(cpu::plan(policy<scorers::knorm, selectors::per_head, allocators::uniform>{}, keys_only(kv), {}, {}, 0.5, plan)
               .ok());
   CHECK_FALSE(plan.applied());
+  REQUIRE(cpu::compact(plan.view(), kv, vv).ok());
+  REQUIRE(plan.applied());
+  std::size_t bytes = 0;
+  const policy<scorers::knorm, selectors::per_head, allocators::uniform> pol{};
+  REQUIRE(cpu::plan(nullptr, bytes, pol, keys_only(kv), {}, {}, keep_target::of_tokens(L / 4), plan.view()).ok());
+  std::vector<std::byte> ws(bytes);
+  REQUIRE(cpu::plan(ws.data(), bytes, pol, keys_only(kv), {}, {}, keep_target::of_tokens(L / 4), plan.view()).ok());
+  CHECK_FALSE(plan.applied());
+  CHECK(cpu::compact(plan.view(), kv, vv).ok());
   // A view an engine builds over its own plan memory carries no state and is not tracked (documented).
   const_keep_plan_view untracked = plan.view();
   untracked.state = nullptr;

@@ -39,9 +39,9 @@ class task_ref {
 };
 
 // What the planner asks of an executor: run(n, f) calls f(i) once for every i in [0, n), possibly concurrently,
-// and returns (or throws) only when every call it started has returned; concurrency() bounds how many run at once (>= 1). The planner makes at
-// most concurrency() tasks per run, and sizes its per-task scratch by it, so the size query and the run must see
-// the same concurrency.
+// and returns (or throws) only when every call it started has returned; concurrency() bounds how many run at once
+// (>= 1). The planner makes at most concurrency() tasks per run, and sizes its per-task scratch by it, so the size
+// query and the run must see the same concurrency.
 template <class E>
 concept executor = requires(const E& e, std::int64_t n, task_ref f) {
   { e.concurrency() } -> std::convertible_to<std::int64_t>;

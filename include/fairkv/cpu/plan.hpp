@@ -191,6 +191,7 @@ template <executor E, class S, class Sel, class A, class KeySource, class Q>
   }
   FAIRKV_TRY(fairkv::detail::check_workspace("workspace_bytes", workspace_bytes, needed));
   FAIRKV_TRY(fairkv::detail::check_output_plan(out, in.keys.batch, in.keys.heads, max_tokens));
+  if (out.state != nullptr) out.state->applied = false;  // a new plan in a reused keep_plan is not spent
   detail::layout<S, Sel, A>(detail::carver::align_base(workspace), w, in.keys.heads, max_tokens, n_segments, tasks);
   fairkv::detail::sort_segments(segments, w.sorted, w.origin);
   for (std::int64_t b = 0; b < in.keys.batch; ++b)
