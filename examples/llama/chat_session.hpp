@@ -19,7 +19,7 @@
 // Attention statistics: plain H2O reads column sums accumulated online by every feed (prefill chunks and
 // single-token decode steps alike) over the queries fed since the last compaction, cleared after each one
 // (kv_layer::run_colsum). SnapKV, TOVA and fair H2O recompute attention from the post-RoPE queries of every cached
-// token, kept beside the cache ([n_layers][n_heads][budget][head_dim]) and compacted through the same plan:
+// token, kept beside the cache ([n_layers][n_heads][capacity][head_dim]) and compacted through the same plan:
 // SnapKV's window is the last w queries fed, TOVA's the last one (both always cached: the scorers keep their own
 // window), and fair H2O needs each segment's own queries, which column sums over the whole cache cannot give.
 //
@@ -27,8 +27,9 @@
 // to the budget, instead of allocating the budget up front; a budget whose full-size cache exceeds the memory the
 // machine has available at start is refused with both numbers, as is one beyond the model's training context
 // (llama.context_length) unless --allow-long-context. Positions keep growing with the conversation (compaction
-// keeps them), so a turn that would take them past the training context is refused as well (the session goes on
-// for shorter turns... none will fit: say so), or, with --allow-long-context, runs with a warning.
+// keeps them), so a turn that would take them past the training context is refused like an over-budget turn
+// (nothing changes; every later turn is refused too, and the message says to start a new conversation), or, with
+// --allow-long-context, runs with one warning.
 #pragma once
 
 #include <algorithm>
