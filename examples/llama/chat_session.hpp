@@ -371,23 +371,15 @@ class chat_session {
   void reserve(int rows) {
     const int cap = seq_.cache.capacity();
     if (rows <= cap) return;
-    const int next = std::min(req_.budget, std::max(rows, cap > req_.budget / 2 ? req_.budget : 2 * cap));
+    const int next = int(std::min<int64_t>(req_.budget, std::max<int64_t>(rows, 2 * int64_t(cap))));
     if (rows > next) throw std::logic_error("chat: " + std::to_string(rows) + " rows exceed the budget");
     std::vector<std::vector<float>> queries;
-    if (needs_queries_) {
-      const hparams& hp = eng_.hp();
-      const size_t hd = size_t(hp.head_dim), from = size_t(cap) * hd, to = size_t(next) * hd;
-      queries.reserve(queries_.size());
-      for (const std::vector<float>& q : queries_) {
-        std::vector<float> out(size_t(hp.n_heads) * to, 0.0f);
-        for (size_t h = 0; h < size_t(hp.n_heads); ++h) std::copy_n(q.data() + h * from, from, out.data() + h * to);
-        queries.push_back(std::move(out));
-      }
-    }
+    queries.reserve(queries_.size());
+    for (const std::vector<float>& q : queries_)
+      queries.push_back(relayout(q, eng_.hp().n_heads, cap, next, eng_.hp().head_dim));
     for (head_state& h : heads_) h.positions.reserve(size_t(next));
     seq_.cache.grow(next);  // nothing throws after this
     queries_.swap(queries);
-    if (!needs_queries_) queries_.clear();
     for (head_state& h : heads_) h.positions.resize(size_t(next), -1);
   }
 

@@ -35,6 +35,15 @@ struct kv_layer {
   std::vector<float> run_colsum;
 };
 
+// [rows][capacity][width] -> [rows][new_capacity][width], zero beyond the old rows: a per-head buffer with room
+// for more tokens (the cache's K and V, and what a chat keeps beside them).
+inline std::vector<float> relayout(const std::vector<float>& old, int rows, int capacity, int new_capacity, int width) {
+  std::vector<float> out(size_t(rows) * size_t(new_capacity) * size_t(width), 0.0f);
+  const size_t from = size_t(capacity) * size_t(width), to = size_t(new_capacity) * size_t(width);
+  for (size_t r = 0; r < size_t(rows); ++r) std::copy_n(old.data() + r * from, from, out.data() + r * to);
+  return out;
+}
+
 class kv_cache {
  public:
   kv_cache() = default;
@@ -80,9 +89,9 @@ class kv_cache {
     std::vector<moved> next(layers_.size());
     for (size_t i = 0; i < layers_.size(); ++i) {
       const kv_layer& l = layers_[i];
-      next[i].k = relayout(l.k, n_kv_heads_, new_capacity, head_dim_);
-      next[i].v = relayout(l.v, n_kv_heads_, new_capacity, head_dim_);
-      if (!l.run_colsum.empty()) next[i].run_colsum = relayout(l.run_colsum, n_heads_, new_capacity, 1);
+      next[i].k = relayout(l.k, n_kv_heads_, capacity_, new_capacity, head_dim_);
+      next[i].v = relayout(l.v, n_kv_heads_, capacity_, new_capacity, head_dim_);
+      if (!l.run_colsum.empty()) next[i].run_colsum = relayout(l.run_colsum, n_heads_, capacity_, new_capacity, 1);
     }
     for (size_t i = 0; i < layers_.size(); ++i) {
       layers_[i].k.swap(next[i].k);
@@ -142,14 +151,6 @@ class kv_cache {
   fairkv::kv_view<float> v_view(int l, int tokens) { return view(layers_.at(size_t(l)).v.data(), tokens); }
 
  private:
-  // [rows][capacity_][width] -> [rows][new_capacity][width], zero beyond the old rows.
-  std::vector<float> relayout(const std::vector<float>& old, int rows, int new_capacity, int width) const {
-    std::vector<float> out(size_t(rows) * size_t(new_capacity) * size_t(width), 0.0f);
-    const size_t from = size_t(capacity_) * size_t(width), to = size_t(new_capacity) * size_t(width);
-    for (size_t r = 0; r < size_t(rows); ++r) std::copy_n(old.data() + r * from, from, out.data() + r * to);
-    return out;
-  }
-
   size_t offset(int h, int t) const noexcept {
     return (size_t(h) * size_t(capacity_) + size_t(t)) * size_t(head_dim_);
   }

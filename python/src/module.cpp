@@ -42,8 +42,6 @@ using writable_array = nb::ndarray<>;
 
 std::string py_type_name(nb::handle h) { return nb::cast<std::string>(nb::handle(Py_TYPE(h.ptr())).attr("__name__")); }
 
-// An array argument, never copied or converted: nanobind's implicit conversion is off, so a float64 array is an
-// error rather than a silent float32 copy that compaction would then write into instead of the caller's memory.
 // What a numpy-like array holds, for a message: its dtype and whether numpy reads it in native byte order.
 std::string dtype_of(nb::handle h) {
   if (!nb::hasattr(h, "dtype")) return {};
@@ -54,6 +52,8 @@ std::string dtype_of(nb::handle h) {
   return out;
 }
 
+// An array argument, never copied or converted: nanobind's implicit conversion is off, so a float64 array is an
+// error rather than a silent float32 copy that compaction would then write into instead of the caller's memory.
 any_array as_array(nb::handle h, const char* name) {
   any_array a;
   if (!nb::try_cast(h, a, /*convert=*/false)) {
@@ -143,6 +143,14 @@ std::int32_t token_index(nb::handle h, const std::string& what) {
   return static_cast<std::int32_t>(v);
 }
 
+// An item of a list of pairs (segments, priorities): a sequence of exactly two elements.
+void require_pair(nb::handle item, const std::string& at, const char* pair) {
+  if (!PySequence_Check(item.ptr()) || PySequence_Size(item.ptr()) != 2) {
+    PyErr_Clear();
+    raise_argument(at + " must be a pair " + pair);
+  }
+}
+
 std::vector<segment> read_segments(nb::handle obj) {
   std::vector<segment> out;
   if (obj.is_none()) return out;
@@ -150,10 +158,7 @@ std::vector<segment> read_segments(nb::handle obj) {
   std::size_t i = 0;
   for (nb::handle item : nb::iter(obj)) {
     const std::string at = "segments[" + std::to_string(i) + "]";
-    if (!PySequence_Check(item.ptr()) || PySequence_Size(item.ptr()) != 2) {
-      PyErr_Clear();
-      raise_argument(at + " must be a pair (begin, end)");
-    }
+    require_pair(item, at, "(begin, end)");
     out.push_back({token_index(item[0], at + ".begin"), token_index(item[1], at + ".end")});
     ++i;
   }
@@ -182,10 +187,7 @@ float read_float(nb::handle h, const std::string& what) {
 }
 
 segment_priority read_priority(nb::handle item, const std::string& at) {
-  if (!PySequence_Check(item.ptr()) || PySequence_Size(item.ptr()) != 2) {
-    PyErr_Clear();
-    raise_argument(at + " must be a pair (weight, floor)");
-  }
+  require_pair(item, at, "(weight, floor)");
   return {read_float(item[0], at + ".weight"), read_float(item[1], at + ".floor")};
 }
 
@@ -261,10 +263,7 @@ py_plan plan(nb::handle keys, nb::handle queries, nb::handle scores, std::option
       raise_argument("allocator 'prioritized' needs priorities=[(weight, floor), ...], one per segment in the order "
                      "given (and optionally remainder_priority=(weight, floor) for the tokens outside them); without "
                      "them it is 'fair'");
-    r.priorities = read_priorities(priorities);
-    if (!r.priorities.empty() && r.priorities.size() != r.segments.size())
-      raise_argument("priorities has " + std::to_string(r.priorities.size()) + " entries for " +
-                     std::to_string(r.segments.size()) + " segments: give one (weight, floor) per segment");
+    r.priorities = read_priorities(priorities);  // one per segment: the library checks the count
     r.spec.priorities = r.priorities;
     if (!remainder_priority.is_none()) r.spec.remainder_priority = read_priority(remainder_priority, "remainder_priority");
   } else if (weighted) {

@@ -314,7 +314,7 @@ def test_prioritized_takes_weights_and_floors_and_refuses_to_be_fair_in_disguise
         (lambda: fairkv.plan(k, segments=segs, allocator="prioritized", ratio=0.5), "needs priorities"),
         (lambda: fairkv.plan(k, segments=segs, allocator="fair", priorities=[(1, 0), (1, 0)], ratio=0.5),
          "only by allocator 'prioritized'"),
-        (lambda: fairkv.plan(k, segments=segs, priorities=[(1, 0)], ratio=0.5), "1 entries for 2 segments"),
+        (lambda: fairkv.plan(k, segments=segs, priorities=[(1, 0)], ratio=0.5), "1 priorities were given for 2 segments"),
         (lambda: fairkv.plan(k, segments=segs, priorities=[(1, 0), 2], ratio=0.5), "priorities[1] must be a pair"),
         (lambda: fairkv.plan(k, segments=segs, priorities=[(1, 0), (True, 0)], ratio=0.5), "priorities[1].weight"),
         (lambda: fairkv.plan(k, segments=segs, priorities=[(1, 0), (-1.0, 0)], ratio=0.5), "weight must be finite"),

@@ -56,10 +56,7 @@ struct debias {
           order[n++] = static_cast<std::int64_t>(i);
       if (static_cast<std::size_t>(left) > n)
         return result::error(status::internal_error, "debias: could not distribute the budget");
-      std::nth_element(order.data(), order.data() + (left - 1), order.data() + n, [&](std::int64_t a, std::int64_t b) {
-        const double fa = frac(a), fb = frac(b);
-        return fa != fb ? fa > fb : a < b;
-      });
+      detail::take_largest(order, n, left, frac);
       for (std::int64_t i = 0; i < left; ++i) ++budgets[h * g + static_cast<std::size_t>(order[static_cast<std::size_t>(i)])];
     }
     return {};

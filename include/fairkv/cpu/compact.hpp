@@ -39,13 +39,12 @@ void move_row(const_keep_plan_view plan, const Side& side, std::int64_t b, std::
 // second move reads slots the first one wrote) and a row not moved leaves the cache half compacted, so every row is
 // moved exactly once whatever the executor does (for_shares_exactly_once): compaction cannot fail once it starts.
 template <executor E, class Side>
-[[nodiscard]] result move_rows(const E& ex, const_keep_plan_view plan, const Side& keys, const Side& values) noexcept {
+void move_rows(const E& ex, const_keep_plan_view plan, const Side& keys, const Side& values) noexcept {
   const std::int64_t rows = plan.batch * plan.heads;
   for_shares_exactly_once(ex, task_count(ex, rows), rows, [&](std::int64_t, std::int64_t i) {
     move_row(plan, keys, i / plan.heads, i % plan.heads);
     move_row(plan, values, i / plan.heads, i % plan.heads);
   });
-  return {};
 }
 
 template <class View>
@@ -91,7 +90,7 @@ template <executor E, class T>
   FAIRKV_TRY(detail::check_extents(plan, keys, "keys"));
   FAIRKV_TRY(detail::check_extents(plan, values, "values"));
   FAIRKV_TRY(detail::check_not_applied(plan));
-  FAIRKV_TRY(detail::move_rows(ex, plan, keys, values));
+  detail::move_rows(ex, plan, keys, values);
   detail::mark_applied(plan);
   return {};
 }
@@ -110,7 +109,7 @@ template <executor E, class T>
   FAIRKV_TRY(validate(view, "view"));
   FAIRKV_TRY(detail::check_extents(plan, view.keys(), "view"));
   FAIRKV_TRY(detail::check_not_applied(plan));
-  FAIRKV_TRY(detail::move_rows(ex, plan, view.keys(), view.values()));
+  detail::move_rows(ex, plan, view.keys(), view.values());
   detail::mark_applied(plan);
   return {};
 }

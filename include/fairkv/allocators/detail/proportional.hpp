@@ -20,6 +20,17 @@ namespace fairkv::allocators::detail {
 // round and per leftover token was quadratic.
 inline constexpr std::int64_t proportional_active = -1;
 
+// Puts the k entries of order[0, n) with the largest key first (unordered), ties to the lower group index: the
+// deterministic rule by which every allocator hands out its leftover tokens, one to each of k groups.
+template <class Key>
+void take_largest(std::span<std::int64_t> order, std::size_t n, std::int64_t k, const Key& key) {
+  if (k <= 0 || static_cast<std::size_t>(k) >= n) return;
+  std::nth_element(order.data(), order.data() + (k - 1), order.data() + n, [&](std::int64_t a, std::int64_t b) {
+    const auto ka = key(a), kb = key(b);
+    return ka != kb ? ka > kb : a < b;
+  });
+}
+
 inline void proportional_budgets_from(std::int64_t n_keep, std::span<const std::int64_t> sizes,
                                       std::span<const std::int64_t> forced, std::span<std::int64_t> out,
                                       std::span<std::int64_t> order) noexcept {
@@ -65,12 +76,7 @@ inline void proportional_budgets_from(std::int64_t n_keep, std::span<const std::
       left -= budget * sizes[g] / active_size;
       order[n++] = static_cast<std::int64_t>(g);
     }
-  auto larger_remainder = [&](std::int64_t a, std::int64_t b) {
-    const std::int64_t ra = budget * sizes[a] % active_size, rb = budget * sizes[b] % active_size;
-    return ra != rb ? ra > rb : a < b;
-  };
-  if (left > 0 && static_cast<std::size_t>(left) < n)
-    std::nth_element(order.data(), order.data() + (left - 1), order.data() + n, larger_remainder);
+  take_largest(order, n, left, [&](std::int64_t g) { return budget * sizes[g] % active_size; });
   for (std::int64_t i = 0; i < left; ++i) out[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])] = topped_up;
   for (std::size_t g = 0; g < groups; ++g)
     if (out[g] < 0) out[g] = budget * sizes[g] / active_size + (out[g] == topped_up ? 1 : 0);
