@@ -4,7 +4,7 @@
 #   -DFAIRKV_LLAMACPP=<dir>   any llama.cpp install prefix (holding include/llama.h and lib*/libllama.*)
 #   unset / OFF               the integration is not built
 # Defines the targets fairkv_llamacpp (llama.h + libllama + ggml) and fairkv_llamacpp_integration (with
-# examples/llamacpp's headers); callers test for the latter (targets are global, this file is read once).
+# examples/llamacpp's headers and its compiled unit); callers test for the latter (targets are global, this file is read once).
 include_guard(GLOBAL)
 
 set(FAIRKV_LLAMACPP "OFF" CACHE STRING "Build the llama.cpp integration: ON (scripts/build_llamacpp.sh's build) or a llama.cpp install prefix")
@@ -46,7 +46,8 @@ if(FAIRKV_GGML_LIBRARY)
 endif()
 # The integration's headers (examples/llamacpp) over the runner's (segment parsing, chat template, CLI helpers).
 include(${PROJECT_SOURCE_DIR}/examples/llama/llama_target.cmake)
-add_library(fairkv_llamacpp_integration INTERFACE)
-target_include_directories(fairkv_llamacpp_integration INTERFACE ${PROJECT_SOURCE_DIR}/examples/llamacpp)
-target_link_libraries(fairkv_llamacpp_integration INTERFACE fairkv_llama fairkv_llamacpp)
+# Its one compiled unit: planning over llama.cpp's f16 keys (plan_layer_f16.hpp).
+add_library(fairkv_llamacpp_integration STATIC ${PROJECT_SOURCE_DIR}/examples/llamacpp/plan_layer_f16.cpp)
+target_include_directories(fairkv_llamacpp_integration PUBLIC ${PROJECT_SOURCE_DIR}/examples/llamacpp)
+target_link_libraries(fairkv_llamacpp_integration PUBLIC fairkv_llama fairkv_llamacpp)
 message(STATUS "fairkv: llama.cpp integration against ${_fairkv_llamacpp_prefix}")

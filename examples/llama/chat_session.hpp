@@ -478,10 +478,8 @@ class chat_session {
     const std::vector<fairkv::segment> no_segments;
     const std::vector<fairkv::segment>& segs = req_.compress.fair ? hs.alloc : no_segments;
     fairkv::keep_plan plan;
-    const fairkv::result res = fairkv::dispatch(spec, [&](const auto& pol) {
-      return fairkv::cpu::plan(pol, inputs, std::span<const fairkv::segment>(segs),
-                               std::span<const int32_t>(hs.whitelist), fairkv::keep_target::of_tokens(target), plan);
-    });
+    const fairkv::result res =
+        plan_layer(spec, inputs, segs, hs.whitelist, fairkv::keep_target::of_tokens(target), plan);
     if (!res.ok())
       throw std::runtime_error("turn " + std::to_string(turn) + ", layer " + std::to_string(l) + ": fairkv plan: " +
                                res.message());

@@ -18,6 +18,7 @@
 
 #include "fairkv/fairkv.hpp"
 #include "kv_cache.hpp"
+#include "plan_layer.hpp"
 #include "thread_pool.hpp"
 
 namespace llama {
@@ -159,18 +160,6 @@ inline bool same_regions(std::span<const fairkv::segment> a, std::span<const fai
   });
 }
 
-// The runner's thread pool as fairkv's executor (fairkv/cpu/executor.hpp): compression's KV heads become tasks
-// of the same fork-join pool as the forward pass, so no second set of threads competes for the cores.
-struct pool_executor {
-  thread_pool* pool;
-  [[nodiscard]] int64_t concurrency() const noexcept { return pool->size(); }
-  void run(int64_t n, fairkv::cpu::task_ref f) const {
-    pool->parallel_for(n, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) f(i);
-    });
-  }
-};
-
 namespace detail {
 
 // What every layer's compression shares: the policy and, for fair H2O, the regions its local sums cover.
@@ -193,9 +182,8 @@ inline compress_setup start_compress(compress_result& out, const kv_cache& cache
 }
 
 // Layer l: plan, record what each KV head keeps in kept[g], compact, shorten the heads, drop the captures.
-template <fairkv::cpu::executor E>
-void compress_layer(kv_cache& cache, int l, int n_sys, const compress_request& req, const compress_setup& setup,
-                    const E& ex, std::vector<std::vector<uint8_t>>& kept) {
+inline void compress_layer(kv_cache& cache, int l, int n_sys, const compress_request& req, const compress_setup& setup,
+                           const pool_executor& ex, std::vector<std::vector<uint8_t>>& kept) {
   const int n_kv = cache.n_kv_heads(), hd = cache.head_dim();
   const fairkv::policy_spec& spec = setup.spec;
   const std::vector<fairkv::segment>& regions = setup.regions;
@@ -251,10 +239,7 @@ void compress_layer(kv_cache& cache, int l, int n_sys, const compress_request& r
       break;
   }
   fairkv::keep_plan plan;
-  const fairkv::result res = fairkv::dispatch(spec, [&](const auto& pol) {
-    return fairkv::cpu::plan(ex, pol, inputs, std::span<const fairkv::segment>(req.segments),
-                             std::span<const int32_t>(req.whitelist), req.ratio, plan);
-  });
+  const fairkv::result res = plan_layer(spec, inputs, req.segments, req.whitelist, req.ratio, plan, ex);
   if (!res.ok()) throw std::runtime_error("fairkv plan (layer " + std::to_string(l) + "): " + res.message());
   for (int g = 0; g < n_kv; ++g) {
     std::vector<uint8_t>& k = kept[size_t(g)];
@@ -273,8 +258,8 @@ void compress_layer(kv_cache& cache, int l, int n_sys, const compress_request& r
 // and, for attention scorers, whose layers carry what the prefill captured (attention_input_of). Throws with
 // fairkv's message on invalid input; fairkv validates before writing, so a failure leaves that layer as it was
 // (earlier layers are compressed: the caller discards the cache).
-template <fairkv::cpu::executor E = fairkv::cpu::serial_executor>
-compress_result compress_system_turn(kv_cache& cache, int n_sys, const compress_request& req, const E& ex = {}) {
+inline compress_result compress_system_turn(kv_cache& cache, int n_sys, const compress_request& req,
+                                            const pool_executor& ex = {}) {
   compress_result out;
   const detail::compress_setup setup = detail::start_compress(out, cache, n_sys, req);
   if (req.policy == "none") return out;
@@ -296,7 +281,7 @@ inline compress_result compress_layers_on(thread_pool& pool, kv_cache& cache, in
   pool.parallel_for(cache.n_layers(), [&](int64_t begin, int64_t end) {
     for (int64_t l = begin; l < end; ++l) {
       try {
-        detail::compress_layer(cache, int(l), n_sys, req, setup, fairkv::cpu::serial_executor{}, out.kept[size_t(l)]);
+        detail::compress_layer(cache, int(l), n_sys, req, setup, pool_executor{}, out.kept[size_t(l)]);
       } catch (...) {
         errors[size_t(l)] = std::current_exception();
       }

@@ -17,6 +17,7 @@
 
 #include "compress.hpp"  // llama::compress_request, policy_spec_of, policy_needs_queries, compress_result
 #include "fairkv/fairkv.hpp"
+#include "plan_layer_f16.hpp"
 #include "prefill_capture.hpp"
 #include "seq_state.hpp"
 
@@ -154,10 +155,7 @@ inline std::string attention_inputs(const prefill_stats& st, int l, int n, int h
         return out;
       }
       auto plan_with = [&](const auto& in) {
-        return fairkv::dispatch(spec, [&](const auto& pol) {
-          return fairkv::cpu::plan(pol, in, std::span<const fairkv::segment>(req.segments),
-                                   std::span<const std::int32_t>(req.whitelist), req.ratio, plans[size_t(l)]);
-        });
+        return llama::plan_layer(spec, in, req.segments, req.whitelist, req.ratio, plans[size_t(l)]);
       };
       fairkv::result r;
       if (out.statistics == llama::attention_input::queries) {
