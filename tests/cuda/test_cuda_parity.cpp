@@ -321,6 +321,7 @@ fairkv::keep_plan random_plan(std::mt19937& rng, std::int64_t batch, std::int64_
 
 const scorer_id exact_scorers[] = {scorer_id::first_element, scorer_id::knorm, scorer_id::streaming_llm,
                                    scorer_id::external};
+const scorer_id attention_scorers[] = {scorer_id::snapkv, scorer_id::tova, scorer_id::h2o};
 // Scorers compiled for float keys only (parity_case.hpp's with_policy).
 [[nodiscard]] bool float_keys_only(scorer_id s) {
   return is_attention(s) || s == scorer_id::streaming_llm || s == scorer_id::external;
@@ -331,10 +332,48 @@ const allocator_id all_allocators[] = {allocator_id::uniform,    allocator_id::w
                                        allocator_id::fair_paper, allocator_id::prioritized};
 const dtype_id all_dtypes[] = {dtype_id::f32, dtype_id::f16, dtype_id::bf16};
 
+// The type names of the parts a case's ids compile to (with_policy), so coverage is checked against the types
+// themselves rather than a second spelling of the names.
+struct part_names {
+  std::string scorer, selector, allocator;
+};
+part_names names_of(scorer_id s, selector_id sel, allocator_id a) {
+  host_case c;
+  c.scorer = s;
+  c.selector = sel;
+  c.allocator = a;
+  part_names n;
+  (void)with_policy(c, [&](const auto& pol, auto) -> result {
+    n = {pol.scorer.name, pol.selector.name, pol.allocator.name};
+    return {};
+  });
+  return n;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------------------
 TEST_SUITE("cuda_host") {
+  TEST_CASE("cuda host checks: the parity cases cover every built-in of fairkv's registry") {
+    std::set<std::string> scorers, selectors, allocators;
+    for (const scorer_id s : exact_scorers)
+      scorers.insert(names_of(s, selector_id::per_head, allocator_id::uniform).scorer);
+    for (const scorer_id s : attention_scorers)
+      scorers.insert(names_of(s, selector_id::per_head, allocator_id::uniform).scorer);
+    for (const selector_id sel : all_selectors)
+      selectors.insert(names_of(scorer_id::knorm, sel, allocator_id::uniform).selector);
+    for (const allocator_id a : all_allocators)
+      allocators.insert(names_of(scorer_id::knorm, selector_id::per_head, a).allocator);
+    for (const auto& e : fairkv::registry::builtin_scorers)
+      CHECK_MESSAGE(scorers.count(std::string(e.name)) == 1, "scorer ", e.name, " has no parity case");
+    for (const auto& e : fairkv::registry::builtin_selectors)
+      CHECK_MESSAGE(selectors.count(std::string(e.name)) == 1, "selector ", e.name, " has no parity case");
+    // debias is the one built-in the CUDA backend refuses (not_supported, "the CUDA backend's limits" below).
+    for (const auto& e : fairkv::registry::builtin_allocators)
+      CHECK_MESSAGE((allocators.count(std::string(e.name)) == 1) != (e.kind == fairkv::allocator_kind::debias),
+                    "allocator ", e.name, " has no parity case");
+  }
+
   TEST_CASE("cuda host checks: invalid inputs are rejected with the CPU oracle's status and message") {
     std::mt19937 rng(7);
     struct mutation {
@@ -739,7 +778,7 @@ TEST_SUITE("cuda_parity") {
     std::mt19937 rng(99);
     int cases = 0, exact = 0, paper = 0, paper_exact = 0, local = 0;
     for (int rep = 0; rep < (quick ? 1 : 4); ++rep)
-      for (const scorer_id s : {scorer_id::snapkv, scorer_id::tova, scorer_id::h2o})
+      for (const scorer_id s : attention_scorers)
         for (const selector_id sel : all_selectors)
           for (const allocator_id a : all_allocators) {
             const host_case c = random_case(rng, s, sel, a, dtype_id::f32);
