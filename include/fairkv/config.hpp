@@ -7,8 +7,6 @@
 #define FAIRKV_HOST_DEVICE
 #endif
 
-#define FAIRKV_INLINE inline
-
 namespace fairkv {
 
 // Lets an unspecialised template fail with a message that names the offending type (CUTLASS style).

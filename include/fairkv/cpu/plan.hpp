@@ -107,12 +107,12 @@ template <class S, class Sel, class A, class KeySource, class Q, executor E>
   for (std::int64_t r = 0; r < s.n_runs; ++r)
     std::fill(w.group_of + w.runs[r].begin, w.group_of + w.runs[r].end, static_cast<std::int32_t>(w.runs[r].group));
   std::fill(w.forced, w.forced + L, std::uint8_t{0});
-  std::fill(w.forced_n, w.forced_n + s.groups, 0);
+  std::fill(w.forced_per_group, w.forced_per_group + s.groups, 0);
   FAIRKV_TRY(front::force_tokens(whitelist, front::protection_of(pol.allocator), segments, L, s.n_keep, b, target,
                                  s.forced_total, [&](std::int64_t t) {
                                    if (w.forced[t]) return false;
                                    w.forced[t] = 1;
-                                   ++w.forced_n[w.group_of[t]];
+                                   ++w.forced_per_group[w.group_of[t]];
                                    return true;
                                  }));
   FAIRKV_TRY((score_sequence<S, A>(ex, pol.scorer, in, w, ld, sorted, s)));
@@ -122,7 +122,7 @@ template <class S, class Sel, class A, class KeySource, class Q, executor E>
   const allocation_context ctx{s.n_keep,
                                heads,
                                {w.sizes, G},
-                               {w.forced_n, G},
+                               {w.forced_per_group, G},
                                {w.own, A::needs_own_allocation ? static_cast<std::size_t>(heads) * G : 0u},
                                {w.scratch, 2 * G},
                                front::group_origins<S, A>({w.origin, segments.size()})};
@@ -168,8 +168,8 @@ template <class S, class KeySource, class Q>
 }
 
 // Plans one layer. `segments` and `whitelist` apply to every sequence of the batch; `target` is a ratio or a
-// token budget per KV head (fairkv/budget.hpp). Nothing is written but the plan and the workspace; on error the
-// plan's contents are unspecified and the engine's memory is untouched.
+// token budget per KV head (fairkv/budget.hpp; a bare double converts to a ratio). Nothing is written but the plan
+// and the workspace; on error the plan's contents are unspecified and the engine's memory is untouched.
 // `ex` (cpu/executor.hpp) runs the KV heads of each sequence's scoring and per-head selection as parallel tasks;
 // the plan is bit-identical to the serial one. The workspace holds per-task scratch, so the size query must be
 // made with an executor of the same concurrency as the run.
@@ -207,21 +207,6 @@ template <class S, class Sel, class A, class KeySource, class Q>
   return plan(serial_executor{}, workspace, workspace_bytes, pol, in, segments, whitelist, target, out);
 }
 
-// At a ratio, as before token budgets existed.
-template <executor E, class S, class Sel, class A, class KeySource, class Q>
-[[nodiscard]] result plan(const E& ex, void* workspace, std::size_t& workspace_bytes, const policy<S, Sel, A>& pol,
-                          const layer_inputs<KeySource, Q>& in, std::span<const segment> segments,
-                          std::span<const std::int32_t> whitelist, double ratio, keep_plan_view out) noexcept {
-  return plan(ex, workspace, workspace_bytes, pol, in, segments, whitelist, keep_target::of_ratio(ratio), out);
-}
-template <class S, class Sel, class A, class KeySource, class Q>
-[[nodiscard]] result plan(void* workspace, std::size_t& workspace_bytes, const policy<S, Sel, A>& pol,
-                          const layer_inputs<KeySource, Q>& in, std::span<const segment> segments,
-                          std::span<const std::int32_t> whitelist, double ratio, keep_plan_view out) noexcept {
-  return plan(serial_executor{}, workspace, workspace_bytes, pol, in, segments, whitelist, keep_target::of_ratio(ratio),
-              out);
-}
-
 // Convenience: allocates the plan and the scratch with std::vector (use the overload above to control memory).
 // A failed allocation is status::out_of_memory.
 template <executor E, class S, class Sel, class A, class KeySource, class Q>
@@ -248,19 +233,6 @@ template <class S, class Sel, class A, class KeySource, class Q>
                           std::span<const segment> segments, std::span<const std::int32_t> whitelist,
                           const keep_target& target, keep_plan& out) noexcept {
   return plan(serial_executor{}, pol, in, segments, whitelist, target, out);
-}
-
-template <executor E, class S, class Sel, class A, class KeySource, class Q>
-[[nodiscard]] result plan(const E& ex, const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
-                          std::span<const segment> segments, std::span<const std::int32_t> whitelist, double ratio,
-                          keep_plan& out) noexcept {
-  return plan(ex, pol, in, segments, whitelist, keep_target::of_ratio(ratio), out);
-}
-template <class S, class Sel, class A, class KeySource, class Q>
-[[nodiscard]] result plan(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
-                          std::span<const segment> segments, std::span<const std::int32_t> whitelist, double ratio,
-                          keep_plan& out) noexcept {
-  return plan(serial_executor{}, pol, in, segments, whitelist, keep_target::of_ratio(ratio), out);
 }
 
 }  // namespace cpu

@@ -67,21 +67,4 @@ template <class S, class Sel, class A, class KeySource, class Q>
   return h.run(stream);
 }
 
-// At a ratio, as before token budgets existed (the CPU's overloads are the same pair).
-template <class S, class Sel, class A, class KeySource, class Q>
-[[nodiscard]] result can_implement(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
-                                   std::span<const segment> segments, std::span<const std::int32_t> whitelist,
-                                   double ratio, const keep_plan_view& out) noexcept {
-  return can_implement(pol, in, segments, whitelist, keep_target::of_ratio(ratio), out);
-}
-
-template <class S, class Sel, class A, class KeySource, class Q>
-[[nodiscard]] result plan(void* d_temp_storage, std::size_t& temp_storage_bytes, const policy<S, Sel, A>& pol,
-                          const layer_inputs<KeySource, Q>& in, std::span<const segment> segments,
-                          std::span<const std::int32_t> whitelist, double ratio, keep_plan_view out,
-                          cudaStream_t stream = nullptr) noexcept {
-  return plan(d_temp_storage, temp_storage_bytes, pol, in, segments, whitelist, keep_target::of_ratio(ratio), out,
-              stream);
-}
-
 }  // namespace fairkv::cuda

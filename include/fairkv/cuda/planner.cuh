@@ -136,7 +136,7 @@ class planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>> {
       FAIRKV_TRY(launch(split_mark_kernel<Sel::kind>, grid, split_threads, 0, stream, p, sel_scores, w.states,
                         w.slice_hist, w.keep));
     } else if constexpr (Sel::kind == selection_kind::head_adaptive) {
-      FAIRKV_TRY(launch(select_kernel<selection_kind::head_adaptive>,
+      FAIRKV_TRY(launch(head_adaptive_select_kernel<>,
                         dim3(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.groups)), select_threads, 0,
                         stream, p, w.scores, w.keep));
     } else {

@@ -60,7 +60,7 @@ struct plan_workspace {
   segment* sorted = nullptr;       // [segments] the caller's segments in position order
   std::int32_t* origin = nullptr;  // [segments] the caller's index of each sorted segment
   std::int64_t* sizes = nullptr;   // [groups]
-  std::int64_t* forced_n = nullptr;  // [groups]
+  std::int64_t* forced_per_group = nullptr;  // [groups]
   std::int64_t* budgets = nullptr;   // [heads, groups]
   std::int64_t* own = nullptr;       // [heads, groups]
   std::int64_t* scratch = nullptr;   // [2 * groups] the allocator's (allocation_context::scratch)
@@ -102,7 +102,7 @@ std::size_t layout(void* base, plan_workspace& w, std::int64_t heads, std::int64
   c.carve(w.sorted, N);
   c.carve(w.origin, N);
   c.carve(w.sizes, N + 1);
-  c.carve(w.forced_n, N + 1);
+  c.carve(w.forced_per_group, N + 1);
   c.carve(w.budgets, H * (N + 1));
   c.carve(w.own, H * (N + 1));
   c.carve(w.scratch, 2 * (N + 1));

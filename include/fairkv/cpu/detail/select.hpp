@@ -96,13 +96,14 @@ template <class Sel, executor E>
       std::uint8_t* keep = w.keep + task * ld;
       std::copy(w.forced, w.forced + L, keep);
       for (std::int64_t g = 0; g < G; ++g)
-        select_in_group(w.scores + h * ld, runs_of(w, g), w.forced, w.budgets[h * G + g] - w.forced_n[g], keys, keep);
+        select_in_group(w.scores + h * ld, runs_of(w, g), w.forced, w.budgets[h * G + g] - w.forced_per_group[g], keys,
+                        keep);
       emit(h, keep);
     });
   } else if constexpr (Sel::kind == selection_kind::union_heads) {
     std::copy(w.forced, w.forced + L, w.keep);
     for (std::int64_t g = 0; g < G; ++g)
-      select_in_group(w.mean_scores, runs_of(w, g), w.forced, w.budgets[g] - w.forced_n[g], w.keys, w.keep);
+      select_in_group(w.mean_scores, runs_of(w, g), w.forced, w.budgets[g] - w.forced_per_group[g], w.keys, w.keep);
     for (std::int64_t h = 0; h < heads; ++h) emit(h, w.keep);
   } else if constexpr (Sel::kind == selection_kind::head_adaptive) {
     std::uint8_t* keep = w.keep;  // [heads, L]
@@ -113,9 +114,9 @@ template <class Sel, executor E>
       for (std::int64_t h = 0; h < heads; ++h) {
         const std::int64_t budget = w.budgets[h * G + g];
         const auto safe = static_cast<std::int64_t>(static_cast<double>(budget) * sel.alpha_safeguard);
-        const std::int64_t extra = std::max<std::int64_t>(0, safe - w.forced_n[g]);
+        const std::int64_t extra = std::max<std::int64_t>(0, safe - w.forced_per_group[g]);
         select_in_group(w.scores + h * ld, runs_of(w, g), w.forced, extra, w.keys, keep + h * L);
-        pool += budget - w.forced_n[g] - extra;
+        pool += budget - w.forced_per_group[g] - extra;
       }
       // Then the segment's remaining budget, summed over heads, goes to the best (head, token) pairs.
       // Key tie order: lower token first, then lower head.

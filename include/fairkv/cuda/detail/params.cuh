@@ -32,7 +32,7 @@ struct plan_params {
   std::int32_t groups = 0;
   std::int32_t n_forced = 0;   // distinct forced positions: whitelist, sinks, boundary tokens
   float alpha = 0.f;           // head_adaptive safeguard
-  std::int32_t forced_n[max_groups];            // [groups] whitelisted tokens per group
+  std::int32_t forced_per_group[max_groups];     // [groups] forced tokens (n_forced) that fall in each group
   std::int32_t sizes[max_groups];               // [groups] tokens per group
   std::int32_t slice_begin[max_groups + 1];     // [groups + 1] first selection slice of each group (split select)
   std::int32_t budgets[max_budget_entries];     // [heads, groups] checked budgets

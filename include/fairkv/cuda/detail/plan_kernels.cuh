@@ -37,13 +37,15 @@ __global__ void head_mean_kernel(const float* scores, std::int32_t batch, std::i
 // head_adaptive: one block per (sequence, group), because the layer-global choice of a group depends on every
 // head's safeguard. Writes keep[b * heads + h, t] for every token t of the group: 1 if whitelisted or selected.
 // scores [batch * heads, tokens], keep [batch * heads, tokens]. (per_head and union use select_split.cuh.)
-template <selection_kind Kind>
+// A template: see the note at the top of this file.
+template <int = 0>
 __global__ void __launch_bounds__(select_threads)
-    select_kernel(__grid_constant__ const plan_params p, const float* __restrict__ scores, std::uint8_t* __restrict__ keep) {
+    head_adaptive_select_kernel(__grid_constant__ const plan_params p, const float* __restrict__ scores,
+                                std::uint8_t* __restrict__ keep) {
   __shared__ select_smem s;
   const std::int32_t row = blockIdx.x, g = blockIdx.y;
   const std::int64_t L = p.tokens;
-  if constexpr (Kind == selection_kind::head_adaptive) {
+  {
     const std::int32_t H = p.heads;
     const float* sc = scores + static_cast<std::int64_t>(row) * H * L;  // this sequence's [heads, tokens]
     std::uint8_t* kp = keep + static_cast<std::int64_t>(row) * H * L;
@@ -54,8 +56,8 @@ __global__ void __launch_bounds__(select_threads)
     for (std::int32_t h = 0; h < H; ++h) {
       const std::int64_t budget = p.budgets[h * p.groups + g];
       const auto safe = static_cast<std::int64_t>(static_cast<double>(budget) * static_cast<double>(p.alpha));
-      const std::int64_t extra = safe - p.forced_n[g] > 0 ? safe - p.forced_n[g] : 0;
-      pool += budget - p.forced_n[g] - extra;
+      const std::int64_t extra = safe - p.forced_per_group[g] > 0 ? safe - p.forced_per_group[g] : 0;
+      pool += budget - p.forced_per_group[g] - extra;
       auto bits = [&](std::int32_t t, std::int32_t, std::uint32_t& out) {
         if (is_forced(p, t)) return false;
         out = fairkv::detail::order_bits(sc[h * L + t]);
@@ -75,8 +77,6 @@ __global__ void __launch_bounds__(select_threads)
     const threshold th = block_select(s, p, g, H, pool, pair_bits);
     // Each element is tested once, in its own tile, before it is marked: marking in place is safe.
     block_mark(s, p, g, H, th, pair_bits, [&](std::int32_t t, std::int32_t h) { kp[h * L + t] = 1; });
-  } else {
-    static_assert(fairkv::dependent_false<decltype(Kind)>, "fairkv::cuda: select_kernel is for head_adaptive");
   }
 }
 

@@ -187,16 +187,16 @@ template <class S, class Sel, class A, class KeySource, class Q>
                                  }));
 
   // ---- budgets per (head, group), checked by the front end ----
-  std::int64_t sizes[max_groups] = {}, forced_n[max_groups] = {}, scratch[2 * max_groups] = {};
+  std::int64_t sizes[max_groups] = {}, forced_per_group[max_groups] = {}, scratch[2 * max_groups] = {};
   std::int64_t budgets[max_budget_entries] = {};
   for (std::int32_t i = 0; i < p.groups; ++i) sizes[i] = p.sizes[i];
-  for (std::int32_t i = 0; i < p.n_forced; ++i) ++forced_n[group_of(p, p.forced[i])];
+  for (std::int32_t i = 0; i < p.n_forced; ++i) ++forced_per_group[group_of(p, p.forced[i])];
   const auto G = static_cast<std::size_t>(p.groups);
-  const allocation_context ctx{n_keep,         heads, {sizes, G}, {forced_n, G}, {}, {scratch, 2 * G},
+  const allocation_context ctx{n_keep,    heads, {sizes, G}, {forced_per_group, G}, {}, {scratch, 2 * G},
                                front::group_origins<S, A>({origin, segments.size()})};
   FAIRKV_TRY(front::allocate_budgets(pol.allocator, ctx, {budgets, static_cast<std::size_t>(heads) * G}));
   for (std::size_t i = 0; i < static_cast<std::size_t>(heads) * G; ++i) p.budgets[i] = static_cast<std::int32_t>(budgets[i]);
-  for (std::size_t i = 0; i < G; ++i) p.forced_n[i] = static_cast<std::int32_t>(forced_n[i]);
+  for (std::size_t i = 0; i < G; ++i) p.forced_per_group[i] = static_cast<std::int32_t>(forced_per_group[i]);
   return {};
 }
 

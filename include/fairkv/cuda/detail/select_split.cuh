@@ -70,7 +70,7 @@ struct split_problem {
   __device__ split_problem(const plan_params& p, std::int32_t problem)
       : row(problem / p.groups), g(problem % p.groups), h(Kind == selection_kind::per_head ? row % p.heads : 0) {}
   [[nodiscard]] __device__ std::int64_t k(const plan_params& p) const {
-    return static_cast<std::int64_t>(p.budgets[h * p.groups + g]) - p.forced_n[g];
+    return static_cast<std::int64_t>(p.budgets[h * p.groups + g]) - p.forced_per_group[g];
   }
 };
 
