@@ -29,6 +29,7 @@
 #include "fairkv/scorers/external.hpp"
 #include "fairkv/scorers/h2o.hpp"
 #include "fairkv/scorers/knorm.hpp"
+#include "fairkv/scorers/random.hpp"
 #include "fairkv/scorers/snapkv.hpp"
 #include "fairkv/scorers/streaming_llm.hpp"
 #include "fairkv/scorers/tova.hpp"

@@ -12,7 +12,7 @@ namespace fairkv {
 
 // The enumerators are the registry's keys: each has exactly one entry there (checked at compile time).
 // external: the caller's scores (layer_inputs::scores), see scorers/external.hpp.
-enum class scorer_kind : std::uint8_t { knorm, streaming_llm, snapkv, tova, h2o, external };
+enum class scorer_kind : std::uint8_t { knorm, streaming_llm, snapkv, tova, h2o, external, random };
 enum class allocator_kind : std::uint8_t {
   uniform,
   whitelist,
@@ -30,6 +30,7 @@ struct policy_spec {
   std::int32_t window = 64;       // snapkv
   std::int32_t kernel = 5;        // snapkv
   std::int32_t n_sink = 4;        // streaming_llm
+  std::uint32_t seed = 0;         // random
   float alpha_safeguard = 0.20f;  // head_adaptive
   float lambda = 1.0f;            // debias
   std::int32_t sinks = 4;         // fair, fair_with_whitelist, debias: leading tokens always kept (allocators/protection.hpp)

@@ -24,6 +24,7 @@
 #include "fairkv/scorers/external.hpp"
 #include "fairkv/scorers/h2o.hpp"
 #include "fairkv/scorers/knorm.hpp"
+#include "fairkv/scorers/random.hpp"
 #include "fairkv/scorers/snapkv.hpp"
 #include "fairkv/scorers/streaming_llm.hpp"
 #include "fairkv/scorers/tova.hpp"
@@ -67,12 +68,18 @@ struct snapkv_entry {
     return s;
   }
 };
+struct random_entry {
+  using type = scorers::random;
+  static constexpr scorer_kind kind = scorer_kind::random;
+  static constexpr std::string_view alias{};
+  [[nodiscard]] static constexpr type make(const policy_spec& spec) noexcept { return type{spec.seed}; }
+};
 struct h2o_entry : simple<scorer_kind::h2o, scorers::h2o> {
   static constexpr std::string_view alias = "observed_attention";  // kvpress's name for the press
 };
 using scorers = list<simple<scorer_kind::knorm, fairkv::scorers::knorm>, streaming_llm_entry, snapkv_entry,
                      simple<scorer_kind::tova, fairkv::scorers::tova>, h2o_entry,
-                     simple<scorer_kind::external, fairkv::scorers::external>>;
+                     simple<scorer_kind::external, fairkv::scorers::external>, random_entry>;
 
 // ---- selectors ----
 struct union_heads_entry : simple<selection_kind::union_heads, fairkv::selectors::union_heads> {

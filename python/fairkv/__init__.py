@@ -23,10 +23,11 @@ from . import _fairkv
 
 __all__ = ["Error", "Plan", "plan", "compact", "attention_kernel_isa", "SCORERS", "SELECTORS", "ALLOCATORS"]
 
-#: Names accepted for ``scorer``, ``selector`` and ``allocator`` (those of the C++ ``fairkv::dispatch``).
-SCORERS = ("knorm", "streaming_llm", "snapkv", "tova", "h2o", "external")
-SELECTORS = ("per_head", "union_heads", "head_adaptive")
-ALLOCATORS = ("uniform", "whitelist", "fair", "fair_with_whitelist", "debias", "fair_paper", "prioritized")
+#: Names accepted for ``scorer``, ``selector`` and ``allocator``: the C++ library's registry of built-ins
+#: (include/fairkv/registry.hpp), in its order.
+SCORERS: Tuple[str, ...] = _fairkv.SCORERS
+SELECTORS: Tuple[str, ...] = _fairkv.SELECTORS
+ALLOCATORS: Tuple[str, ...] = _fairkv.ALLOCATORS
 
 
 def plan(
@@ -51,6 +52,7 @@ def plan(
     debias_lambda: float = 1.0,
     alpha_safeguard: float = 0.2,
     scale: float = 0.0,
+    seed: int = 0,
 ) -> Plan:
     """Plans the eviction of one layer: which tokens every (batch, KV head) row keeps.
 
@@ -90,6 +92,7 @@ def plan(
         debias_lambda: the ``debias`` allocator's strength.
         alpha_safeguard: the ``head_adaptive`` selector's per-head floor.
         scale: the attention scorers' softmax scale (0: ``1 / sqrt(head_dim)``).
+        seed: the ``random`` scorer's seed, in [0, 2**32): the same seed gives the same plan.
 
     Returns:
         A :class:`Plan` (``indices``, ``counts``, ``lengths``, ``kept(b, h)``).
@@ -103,7 +106,7 @@ def plan(
         segments=segments, whitelist=whitelist, priorities=priorities, remainder_priority=remainder_priority,
         ratio=ratio, budget=budget, window=window, kernel=kernel,
         n_sink=n_sink, sinks=sinks, boundary=boundary, debias_lambda=debias_lambda,
-        alpha_safeguard=alpha_safeguard, scale=scale)
+        alpha_safeguard=alpha_safeguard, scale=scale, seed=seed)
 
 
 def compact(plan: Plan, keys: Any, values: Any) -> None:

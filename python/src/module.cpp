@@ -14,6 +14,7 @@
 
 #include "fairkv/cpu/compact.hpp"
 #include "fairkv/cpu/kernel_isa.hpp"
+#include "fairkv/registry.hpp"
 #include "request.hpp"
 
 namespace nb = nanobind;
@@ -215,16 +216,16 @@ allocator_kind default_allocator(bool has_segments, bool has_whitelist) {
 }
 
 const char* allocator_name(allocator_kind k) {
-  switch (k) {
-    case allocator_kind::whitelist: return "whitelist";
-    case allocator_kind::fair: return "fair";
-    case allocator_kind::fair_with_whitelist: return "fair_with_whitelist";
-    case allocator_kind::debias: return "debias";
-    case allocator_kind::fair_paper: return "fair_paper";
-    case allocator_kind::prioritized: return "prioritized";
-    case allocator_kind::uniform: break;
-  }
-  return "uniform";
+  const registry::allocator_info* e = registry::info(k);
+  return e ? e->name.data() : "uniform";  // names are literals: NUL-terminated
+}
+
+// The registry's names in its order, for the package's SCORERS / SELECTORS / ALLOCATORS.
+template <class Table>
+nb::tuple names_of(const Table& table) {
+  nb::list out;
+  for (const auto& e : table) out.append(nb::str(e.name.data(), e.name.size()));
+  return nb::tuple(out);
 }
 
 // The owning plan returned to Python. Its arrays are read-only views whose lifetime is tied to the Plan object.
@@ -244,7 +245,7 @@ py_plan plan(nb::handle keys, nb::handle queries, nb::handle scores, std::option
              nb::handle whitelist, nb::handle priorities, nb::handle remainder_priority,
              std::optional<double> ratio, nb::handle budget,
              std::int32_t window, std::int32_t kernel, std::int32_t n_sink, std::optional<std::int32_t> sinks,
-             std::int32_t boundary, float debias_lambda, float alpha_safeguard, float scale) {
+             std::int32_t boundary, float debias_lambda, float alpha_safeguard, float scale, std::uint32_t seed) {
   plan_request r;
   // The policy, by the names fairkv::dispatch knows.
   const std::string scorer_name = scorer ? *scorer : (scores.is_none() ? "knorm" : "external");
@@ -277,6 +278,7 @@ py_plan plan(nb::handle keys, nb::handle queries, nb::handle scores, std::option
   r.spec.boundary = boundary;
   r.spec.lambda = debias_lambda;
   r.spec.alpha_safeguard = alpha_safeguard;
+  r.spec.seed = seed;
   r.scale = scale;
 
   if (ratio.has_value() == !budget.is_none())
@@ -393,6 +395,9 @@ NB_MODULE(_fairkv, m) {
       PyExc_ValueError, nullptr);
   if (error_type == nullptr) throw nb::python_error();
   m.attr("Error") = nb::handle(error_type);
+  m.attr("SCORERS") = names_of(fairkv::registry::builtin_scorers);
+  m.attr("SELECTORS") = names_of(fairkv::registry::builtin_selectors);
+  m.attr("ALLOCATORS") = names_of(fairkv::registry::builtin_allocators);
 
   nb::class_<py_plan>(m, "Plan",
                       "A keep plan: for every (batch, KV head) row, the kept token indices in ascending order.")
@@ -445,7 +450,7 @@ NB_MODULE(_fairkv, m) {
         "whitelist"_a = nb::none(), "priorities"_a = nb::none(), "remainder_priority"_a = nb::none(),
         "ratio"_a = nb::none(), "budget"_a = nb::none(), "window"_a = 64, "kernel"_a = 5,
         "n_sink"_a = 4, "sinks"_a = nb::none(), "boundary"_a = 0, "debias_lambda"_a = 1.0f,
-        "alpha_safeguard"_a = 0.2f, "scale"_a = 0.0f, "Plans one layer (see fairkv.plan).");
+        "alpha_safeguard"_a = 0.2f, "scale"_a = 0.0f, "seed"_a = 0u, "Plans one layer (see fairkv.plan).");
   m.def("compact", &compact, "plan"_a, "keys"_a, "values"_a, "Compacts keys and values in place (see fairkv.compact).");
   m.def(
       "attention_kernel_isa", [] { return std::string(fairkv::cpu::attention_kernel_isa()); },

@@ -172,6 +172,52 @@ def test_attention_scorers_read_queries():
     assert e.value.status == "missing input" and "queries" in str(e.value)
 
 
+def test_the_exported_names_are_the_ones_plan_takes_and_lists_when_it_refuses():
+    # The library's registry, as the README and docs/python.md name it; plan takes each name and its refusal
+    # lists exactly these.
+    assert fairkv.SCORERS == ("knorm", "streaming_llm", "snapkv", "tova", "h2o", "external", "random")
+    assert fairkv.SELECTORS == ("per_head", "union_heads", "head_adaptive")
+    assert fairkv.ALLOCATORS == ("uniform", "whitelist", "fair", "fair_with_whitelist", "debias", "fair_paper",
+                                 "prioritized")
+    r = rng(6)
+    k = r.standard_normal((1, 2, 32, 8), dtype=np.float32)
+    q = r.standard_normal((1, 4, 32, 8), dtype=np.float32)
+    s = r.standard_normal((1, 2, 32), dtype=np.float32)
+    for scorer in fairkv.SCORERS:
+        extra = {"scores": s} if scorer == "external" else {"queries": q}
+        assert fairkv.plan(k, scorer=scorer, window=8, ratio=0.5, **extra).counts.sum() > 0
+    for selector in fairkv.SELECTORS:
+        assert fairkv.plan(k, selector=selector, ratio=0.5).counts.sum() > 0
+    for allocator in fairkv.ALLOCATORS:
+        needs_segments = allocator in ("fair", "fair_with_whitelist", "debias", "fair_paper", "prioritized")
+        seg = {"segments": [(0, 16), (16, 32)]} if needs_segments else {}
+        wl = {"whitelist": [3]} if allocator in ("whitelist", "fair_with_whitelist") else {}
+        pri = {"priorities": [(1.0, 0.0), (2.0, 0.0)]} if allocator == "prioritized" else {}
+        assert fairkv.plan(k, allocator=allocator, ratio=0.5, **seg, **wl, **pri).counts.sum() > 0
+    for kind, names in (("scorer", fairkv.SCORERS), ("selector", fairkv.SELECTORS),
+                        ("allocator", fairkv.ALLOCATORS)):
+        with pytest.raises(fairkv.Error) as e:
+            fairkv.plan(k, ratio=0.5, **{kind: "nope"})
+        assert str(e.value).endswith("(" + ", ".join(names) + ")"), str(e.value)
+
+
+def test_the_random_scorer_keeps_a_reproducible_random_subset_chosen_by_its_seed():
+    k = np.zeros((1, 2, 1000, 4), dtype=np.float32)  # keys are not read
+    a = fairkv.plan(k, scorer="random", seed=5, ratio=0.5)
+    b = fairkv.plan(k, scorer="random", seed=5, ratio=0.5)
+    c = fairkv.plan(k, scorer="random", seed=6, ratio=0.5)
+    assert a.counts.tolist() == [[500, 500]]
+    assert np.array_equal(a.indices, b.indices)
+    assert not np.array_equal(a.kept(0, 0), c.kept(0, 0))
+    assert not np.array_equal(a.kept(0, 0), a.kept(0, 1))  # each head draws its own subset
+    first_half = int((a.kept(0, 0) < 500).sum())
+    # Uniform over positions: about half of the 500 kept lie in the first half (hypergeometric, sd 8; the hash is
+    # fixed, so this is deterministic).
+    assert 200 < first_half < 300
+    with pytest.raises((TypeError, OverflowError)):
+        fairkv.plan(k, scorer="random", seed=-1, ratio=0.5)
+
+
 def test_plan_arrays_are_read_only_views_that_outlive_the_plan():
     k = rng(6).standard_normal((1, 2, 30, 4), dtype=np.float32)
     indices = fairkv.plan(k, ratio=0.5).indices

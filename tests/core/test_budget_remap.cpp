@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fairkv/fairkv.hpp"
+#include "plan_by_spec.hpp"
 #include "test_util.hpp"
 
 using namespace fairkv;
@@ -235,26 +236,23 @@ budget_case make_budget_case(std::mt19937& rng) {
   return c;
 }
 
-// Plans the case with `target` (a keep_target or a double: both overloads) under `pol`, giving each scorer the
-// inputs it reads.
-template <class Pol, class Target>
-result plan_case(const Pol& pol, const budget_case& c, Target target, keep_plan& out) {
-  using S = typename Pol::scorer_type;
-  using A = typename Pol::allocator_type;
+// Plans the case with `target` under the policy `spec` names, giving each scorer the inputs it reads.
+result plan_case(const policy_spec& spec, const budget_case& c, const keep_target& target, keep_plan& out) {
+  const registry::allocator_info& a = *registry::info(spec.allocator);
+  const score_source source = registry::info(spec.scorer)->source;
   const auto keys = make_contiguous_view(c.keys.data(), 1, c.heads, c.tokens, c.dim);
-  const std::vector<segment> segs = detail::is_paper_allocator_v<A> ? c.paper_spans
-                                    : A::uses_segments               ? c.segments
-                                                                     : std::vector<segment>{};
-  const std::vector<std::int32_t> wl = A::uses_whitelist ? c.whitelist : std::vector<std::int32_t>{};
-  if constexpr (is_attention_source(S::source))
-    return cpu::plan(pol, with_queries(keys, make_contiguous_view(c.queries.data(), 1, c.heads * c.groups, c.tokens,
-                                                                  c.dim)),
-                     segs, wl, target, out);
-  else if constexpr (S::source == score_source::external)
-    return cpu::plan(pol, with_scores(keys, make_contiguous_scores(c.scores.data(), 1, c.heads, c.tokens)), segs, wl,
-                     target, out);
-  else
-    return cpu::plan(pol, keys_only(keys), segs, wl, target, out);
+  const std::vector<segment> segs = spec.allocator == allocator_kind::fair_paper ? c.paper_spans
+                                    : a.uses_segments                            ? c.segments
+                                                                                 : std::vector<segment>{};
+  const std::vector<std::int32_t> wl = a.uses_whitelist ? c.whitelist : std::vector<std::int32_t>{};
+  if (is_attention_source(source))
+    return fairkv_test::plan_by_spec(
+        spec, with_queries(keys, make_contiguous_view(c.queries.data(), 1, c.heads * c.groups, c.tokens, c.dim)), segs,
+        wl, target, out);
+  if (source == score_source::external)
+    return fairkv_test::plan_by_spec(
+        spec, with_scores(keys, make_contiguous_scores(c.scores.data(), 1, c.heads, c.tokens)), segs, wl, target, out);
+  return fairkv_test::plan_by_spec(spec, keys_only(keys), segs, wl, target, out);
 }
 
 }  // namespace
@@ -293,14 +291,12 @@ TEST_CASE("token budget property: the plan of budget n is the plan of the ratio 
           CAPTURE(L);
           CAPTURE(n);
           keep_plan by_tokens, by_ratio;
-          const result rt = dispatch(spec, [&](const auto& pol) {
-            return plan_case(pol, c, keep_target::of_tokens(n), by_tokens);
-          });
+          const result rt = plan_case(spec, c, keep_target::of_tokens(n), by_tokens);
           if (!r) {
             ++no_ratio;
             continue;
           }
-          const result rr = dispatch(spec, [&](const auto& pol) { return plan_case(pol, c, *r, by_ratio); });
+          const result rr = plan_case(spec, c, *r, by_ratio);  // a double: a ratio
           // Same request, same answer: both succeed, or both refuse with one status (a whitelist larger than n).
           REQUIRE(rt.code() == rr.code());
           if (!rt.ok()) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "fairkv/fairkv.hpp"
+#include "plan_by_spec.hpp"
 #include "test_util.hpp"
 #include "thread_executor.hpp"
 
@@ -83,9 +84,9 @@ TEST_CASE("executor: 2 and 4 threads plan and compact bit for bit as the serial 
           CAPTURE(int(sel));
           CAPTURE(int(ak));
           keep_plan serial, p2, p4;
-          const result r0 = dispatch(spec, [&](const auto& pol) { return cpu::plan(pol, in, sg, w, ratio, serial); });
-          const result r2 = dispatch(spec, [&](const auto& pol) { return cpu::plan(two, pol, in, sg, w, ratio, p2); });
-          const result r4 = dispatch(spec, [&](const auto& pol) { return cpu::plan(four, pol, in, sg, w, ratio, p4); });
+          const result r0 = fairkv_test::plan_by_spec(spec, in, sg, w, ratio, serial);
+          const result r2 = fairkv_test::plan_by_spec(two, spec, in, sg, w, ratio, p2);
+          const result r4 = fairkv_test::plan_by_spec(four, spec, in, sg, w, ratio, p4);
           REQUIRE(r2.code() == r0.code());
           REQUIRE(r4.code() == r0.code());
           if (!r0) continue;

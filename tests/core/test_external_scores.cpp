@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fairkv/fairkv.hpp"
+#include "plan_by_spec.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -256,16 +257,14 @@ TEST_CASE("external scores: fairkv::dispatch names them 'external'") {
   const auto in = fairkv::scores_only(fairkv::make_contiguous_scores(s.data(), 1, 2, 30));
   const std::vector<segment> segs = {{0, 12}};
   keep_plan via_dispatch, direct;
-  const result r = fairkv::dispatch(spec, [&](const auto& pol) {
-    CHECK(std::string(std::decay_t<decltype(pol)>::scorer_type::name) == "external");
-    return fairkv::cpu::plan(pol, in, segs, {}, 0.5, via_dispatch);
-  });
+  CHECK(fairkv::registry::info(spec.scorer)->name == "external");
+  const result r = fairkv_test::plan_by_spec(spec, in, segs, {}, 0.5, via_dispatch);
   REQUIRE_MESSAGE(r.ok(), r.message());
   REQUIRE(plan_external<fairkv::allocators::fair>(in, direct, 0.5, segs, {}, {{spec.sinks, spec.boundary}}).ok());
   for (std::int64_t h = 0; h < 2; ++h) CHECK(kept_of(via_dispatch, 0, h) == kept_of(direct, 0, h));
   fairkv::scorer_kind kind{};
   const result bad = fairkv::parse("externall", kind);
-  CHECK(std::string(bad.message()).find("tova, h2o, external)") != std::string::npos);
+  CHECK(std::string(bad.message()).find("tova, h2o, external") != std::string::npos);
 }
 
 TEST_CASE("external scores over a paged cache: ragged sequences read [0, tokens_of(b)) of the score rows") {

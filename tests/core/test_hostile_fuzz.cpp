@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "fairkv/fairkv.hpp"
+#include "plan_by_spec.hpp"
 #include "test_util.hpp"
 
 using namespace fairkv;
@@ -73,14 +74,10 @@ TEST_CASE("fuzz: executors failing at random give a serial plan or internal_erro
                                                                                 : std::span<const segment>();
     const double ratio = 0.1 + 0.8 * static_cast<double>(rng() % 100) / 100.0;
     keep_plan serial, chaotic;
-    REQUIRE(dispatch(spec, [&](const auto& pol) {
-              return cpu::plan(pol, keys_only(keys), use, {}, ratio, serial);
-            }).ok());
+    REQUIRE(fairkv_test::plan_by_spec(spec, keys_only(keys), use, {}, ratio, serial).ok());
     bool exact = true;
     const chaotic_executor ex{&rng, pick(rng, 2, 6), &exact};
-    const result r = dispatch(spec, [&](const auto& pol) {
-      return cpu::plan(ex, pol, keys_only(keys), use, {}, ratio, chaotic);
-    });
+    const result r = fairkv_test::plan_by_spec(ex, spec, keys_only(keys), use, {}, ratio, chaotic);
     if (r.ok()) {
       ++plans_ok;
       CHECK(exact);
@@ -153,13 +150,13 @@ TEST_CASE("fuzz: hostile numbers in policies and layer inputs are refused or giv
     const bool uses_wl = spec.allocator == allocator_kind::whitelist || spec.allocator == allocator_kind::fair_with_whitelist;
     const std::int64_t budget = rng() % 5 == 0 ? hostile_int(rng, 3) : pick(rng, 1, L);
     keep_plan plan;
-    const result r = dispatch(spec, [&](const auto& pol) {
-      return cpu::plan(pol, in, spec.allocator == allocator_kind::uniform || spec.allocator == allocator_kind::whitelist
-                                    ? std::span<const segment>()
-                                    : std::span<const segment>(segs),
-                       uses_wl ? std::span<const std::int32_t>(wl) : std::span<const std::int32_t>(),
-                       keep_target::of_tokens(budget), plan);
-    });
+    const result r = fairkv_test::plan_by_spec(
+        spec, in,
+        spec.allocator == allocator_kind::uniform || spec.allocator == allocator_kind::whitelist
+            ? std::span<const segment>()
+            : std::span<const segment>(segs),
+        uses_wl ? std::span<const std::int32_t>(wl) : std::span<const std::int32_t>(), keep_target::of_tokens(budget),
+        plan);
     if (!r.ok()) {
       ++refused;
       CHECK(std::string(r.message()).size() > 0);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fairkv/fairkv.hpp"
+#include "plan_by_spec.hpp"
 #include "test_util.hpp"
 
 using namespace fairkv;
@@ -184,9 +185,7 @@ TEST_CASE("prioritized through the planner, by name, and equal to fair_with_whit
   policy_spec spec;
   REQUIRE(parse("prioritized", spec.allocator).ok());
   spec.priorities = f;
-  const result r = dispatch(spec, [&](const auto& pol) {
-    return cpu::plan(pol, keys, std::span<const segment>(segs), {}, keep_target::of_tokens(8), plan);
-  });
+  const result r = fairkv_test::plan_by_spec(spec, keys, std::span<const segment>(segs), {}, keep_target::of_tokens(8), plan);
   REQUIRE_MESSAGE(r.ok(), r.message());
   CHECK(plan.kept(0, 0) == std::vector<int>{0, 1, 2, 3, 4, 10, 11, 12});
   // Floors beyond the budget: the planner's error (so nothing is compacted).
@@ -223,9 +222,8 @@ TEST_CASE("prioritized through the planner, by name, and equal to fair_with_whit
         b.allocator = allocator_kind::prioritized;
         keep_plan pa, pb;
         const auto run = [&](const policy_spec& s, keep_plan& out) {
-          return dispatch(s, [&](const auto& pol) {
-            return cpu::plan(pol, in, std::span<const segment>(sg), std::span<const std::int32_t>(wl), ratio, out);
-          });
+          return fairkv_test::plan_by_spec(s, in, std::span<const segment>(sg), std::span<const std::int32_t>(wl), ratio,
+                                           out);
         };
         REQUIRE(run(a, pa).ok());
         REQUIRE(run(b, pb).ok());

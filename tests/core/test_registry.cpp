@@ -57,11 +57,11 @@ std::string readme_bullet(const std::string& readme, const std::string& title) {
 
 TEST_CASE("registry: the built-ins, in order, by the names users type") {
   CHECK(names(reg::builtin_scorers) ==
-        std::vector<std::string>{"knorm", "streaming_llm", "snapkv", "tova", "h2o", "external"});
+        std::vector<std::string>{"knorm", "streaming_llm", "snapkv", "tova", "h2o", "external", "random"});
   CHECK(names(reg::builtin_selectors) == std::vector<std::string>{"per_head", "union_heads", "head_adaptive"});
   CHECK(names(reg::builtin_allocators) == std::vector<std::string>{"uniform", "whitelist", "fair", "fair_with_whitelist",
                                                                    "debias", "fair_paper", "prioritized"});
-  CHECK(std::string_view(reg::scorer_names.data()) == "knorm, streaming_llm, snapkv, tova, h2o, external");
+  CHECK(std::string_view(reg::scorer_names.data()) == "knorm, streaming_llm, snapkv, tova, h2o, external, random");
   CHECK(std::string_view(reg::selector_names.data()) == "per_head, union_heads, head_adaptive");
   CHECK(std::string_view(reg::allocator_names.data()) ==
         "uniform, whitelist, fair, fair_with_whitelist, debias, fair_paper, prioritized");
@@ -72,6 +72,7 @@ TEST_CASE("registry: the built-ins, in order, by the names users type") {
   CHECK(reg::info(fairkv::scorer_kind::tova)->source == fairkv::score_source::last_attention);
   CHECK(reg::info(fairkv::scorer_kind::h2o)->source == fairkv::score_source::observed_attention);
   CHECK(reg::info(fairkv::scorer_kind::external)->source == fairkv::score_source::external);
+  CHECK(reg::info(fairkv::scorer_kind::random)->source == fairkv::score_source::position);
   CHECK(reg::info(fairkv::allocator_kind::fair)->uses_segments);
   CHECK_FALSE(reg::info(fairkv::allocator_kind::fair)->uses_whitelist);
   CHECK(reg::info(fairkv::allocator_kind::whitelist)->uses_whitelist);
@@ -105,7 +106,8 @@ TEST_CASE("registry: parse maps every name and alias to its kind, and names them
 
   const fairkv::result bad = fairkv::parse("KNorm", s);  // names are case-sensitive
   CHECK(bad.code() == fairkv::status::invalid_argument);
-  CHECK(std::string(bad.message()) == "unknown scorer 'KNorm' (knorm, streaming_llm, snapkv, tova, h2o, external)");
+  CHECK(std::string(bad.message()) ==
+        "unknown scorer 'KNorm' (knorm, streaming_llm, snapkv, tova, h2o, external, random)");
   fairkv::allocator_kind a{};
   CHECK(std::string(fairkv::parse("", a).message()) ==
         "unknown allocator '' (uniform, whitelist, fair, fair_with_whitelist, debias, fair_paper, prioritized)");

@@ -25,6 +25,7 @@
 #include "fairkv/scorers/external.hpp"
 #include "fairkv/scorers/h2o.hpp"
 #include "fairkv/scorers/knorm.hpp"
+#include "fairkv/scorers/random.hpp"
 #include "fairkv/scorers/snapkv.hpp"
 #include "fairkv/scorers/streaming_llm.hpp"
 #include "fairkv/scorers/tova.hpp"
@@ -50,7 +51,7 @@ struct first_element {
 };
 static_assert(fairkv::Scorer<first_element>);
 
-enum class scorer_id { knorm, first_element, streaming_llm, snapkv, tova, h2o, external };
+enum class scorer_id { knorm, first_element, streaming_llm, snapkv, tova, h2o, external, random };
 enum class selector_id { per_head, union_heads, head_adaptive };
 enum class allocator_id { uniform, whitelist, fair, fair_with_whitelist, debias, fair_paper, prioritized };
 enum class dtype_id { f32, f16, bf16 };
@@ -75,6 +76,7 @@ struct host_case {
   std::optional<fairkv::keep_target> target;  // set: planned with this target (a token budget), not `ratio`
   float alpha = 0.2f;
   std::int32_t window = 16;
+  std::uint32_t seed = 0;                       // random
   std::vector<fairkv::segment> segments;
   std::vector<std::int32_t> whitelist;
   fairkv::allocators::protection protect{};     // fair, fair_with_whitelist, fair_paper: sinks and boundaries
@@ -187,6 +189,11 @@ fairkv::result with_policy(const host_case& c, F&& f) {
     case scorer_id::tova: return with_selector(scorers::tova{});
     case scorer_id::h2o: return with_selector(scorers::h2o{});
     case scorer_id::external: return with_selector(scorers::external{});
+    case scorer_id::random: {
+      scorers::random s{};
+      s.seed = c.seed;
+      return with_selector(s);
+    }
   }
   return result::error(status::not_supported, "test: scorer");
 }

@@ -81,6 +81,7 @@ host_case random_case(std::mt19937& rng, scorer_id s, selector_id sel, allocator
   c.selector = sel;
   c.allocator = a;
   c.dtype = d;
+  if (s == scorer_id::random) c.seed = static_cast<std::uint32_t>(rng());
   c.batch = pick({1, 1, 2});
   c.heads = pick({1, 2, 4, 8});
   c.q_heads = c.heads * pick({1, 2});
@@ -320,11 +321,11 @@ fairkv::keep_plan random_plan(std::mt19937& rng, std::int64_t batch, std::int64_
 }
 
 const scorer_id exact_scorers[] = {scorer_id::first_element, scorer_id::knorm, scorer_id::streaming_llm,
-                                   scorer_id::external};
+                                   scorer_id::external, scorer_id::random};
 const scorer_id attention_scorers[] = {scorer_id::snapkv, scorer_id::tova, scorer_id::h2o};
 // Scorers compiled for float keys only (parity_case.hpp's with_policy).
 [[nodiscard]] bool float_keys_only(scorer_id s) {
-  return is_attention(s) || s == scorer_id::streaming_llm || s == scorer_id::external;
+  return is_attention(s) || s == scorer_id::streaming_llm || s == scorer_id::external || s == scorer_id::random;
 }
 const selector_id all_selectors[] = {selector_id::per_head, selector_id::union_heads, selector_id::head_adaptive};
 const allocator_id all_allocators[] = {allocator_id::uniform,    allocator_id::whitelist,
@@ -770,7 +771,8 @@ TEST_SUITE("cuda_parity") {
       }
     MESSAGE(cases << " exact token-budget cases; " << attention << " attention cases, " << attention_exact
                   << " bit-identical");
-    CHECK(cases == 4 * 3 * 6 - 3);
+    const auto combinations = std::size(exact_scorers) * std::size(all_selectors) * std::size(all_allocators);
+    CHECK(cases == static_cast<int>(combinations) - 3);  // external x fair_paper is refused, for every selector
     CHECK(attention_exact * 10 >= attention * 7);
   }
 
