@@ -202,4 +202,6 @@ TEST_CASE("reference scores: refusals name what is missing") {
   CHECK(cpu::reference::score_region(scorers::h2o{}, in, 0, 0, 8, out).code() == status::missing_input);
   CHECK(cpu::reference::score_region(scorers::h2o{}, in, 0, 4, 8, out).ok());
   CHECK(cpu::reference::score_region(scorers::tova{}, in, 0, 0, 9, out).code() == status::invalid_argument);
+  CHECK(cpu::reference::score_region(scorers::tova{}, in, 1, 0, 8, out).code() == status::invalid_argument);
+  CHECK(cpu::reference::score_region(scorers::tova{}, in, -1, 0, 8, out).code() == status::invalid_argument);
 }

@@ -1,6 +1,6 @@
 // cpu::plan for a policy chosen at run time (fairkv::dispatch), compiled once for the core suite in
-// plan_by_spec.cpp: every policy of the registry is instantiated there, for float keys and queries (or external
-// scores), serially or through any executor, instead of in every test that varies the policy. Tests that need
+// plan_by_spec.cpp: every policy of the registry is instantiated there once, for float keys and queries (or
+// external scores) and any executor, instead of in every test that varies the policy. Tests that need
 // another key type or a planner entry point of their own dispatch themselves.
 #pragma once
 
@@ -39,13 +39,16 @@ class executor_ref {
 
 using float_inputs = fairkv::layer_inputs<fairkv::kv_view<const float>, float>;
 
-[[nodiscard]] fairkv::result plan_by_spec(const fairkv::policy_spec& spec, const float_inputs& in,
-                                          std::span<const fairkv::segment> segments,
-                                          std::span<const std::int32_t> whitelist, const fairkv::keep_target& target,
-                                          fairkv::keep_plan& out);
 [[nodiscard]] fairkv::result plan_by_spec(const executor_ref& ex, const fairkv::policy_spec& spec,
                                           const float_inputs& in, std::span<const fairkv::segment> segments,
                                           std::span<const std::int32_t> whitelist, const fairkv::keep_target& target,
                                           fairkv::keep_plan& out);
+// Serially: the same planner behind executor_ref (concurrency 1), so the policies are instantiated once.
+[[nodiscard]] inline fairkv::result plan_by_spec(const fairkv::policy_spec& spec, const float_inputs& in,
+                                                 std::span<const fairkv::segment> segments,
+                                                 std::span<const std::int32_t> whitelist,
+                                                 const fairkv::keep_target& target, fairkv::keep_plan& out) {
+  return plan_by_spec(executor_ref(fairkv::cpu::serial_executor{}), spec, in, segments, whitelist, target, out);
+}
 
 }  // namespace fairkv_test

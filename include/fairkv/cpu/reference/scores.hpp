@@ -63,8 +63,10 @@ std::vector<double> attention_row(const layer_inputs<KeySource, Q>& in, std::int
 template <class S, class KeySource, class Q>
 [[nodiscard]] result score_region(const S& scorer, const layer_inputs<KeySource, Q>& in, std::int64_t b,
                                   std::int64_t rb, std::int64_t re, std::vector<double>& out) {
-  const std::int64_t heads = in.keys.heads, L = in.keys.tokens_of(b), n = re - rb;
-  if (b < 0 || b >= in.keys.batch || rb < 0 || re > L || n <= 0)
+  // The sequence is checked before its length is read.
+  const bool in_batch = b >= 0 && b < in.keys.batch;
+  const std::int64_t heads = in.keys.heads, L = in_batch ? in.keys.tokens_of(b) : 0, n = re - rb;
+  if (!in_batch || rb < 0 || re > L || n <= 0)
     return result::error(status::invalid_argument, "reference::score_region: no region [%lld, %lld) in sequence %lld",
                          static_cast<long long>(rb), static_cast<long long>(re), static_cast<long long>(b));
   out.assign(static_cast<std::size_t>(heads * n), 0.0);
