@@ -3,7 +3,8 @@
 #   -DFAIRKV_LLAMACPP=ON      the build of scripts/build_llamacpp.sh (.cache/llamacpp/install-<version>)
 #   -DFAIRKV_LLAMACPP=<dir>   any llama.cpp install prefix (holding include/llama.h and lib*/libllama.*)
 #   unset / OFF               the integration is not built
-# Defines the targets fairkv_llamacpp (llama.h + libllama + ggml) and fairkv_llamacpp_integration (with
+# Defines the targets fairkv_llamacpp, alias fairkv::llamacpp (the library's llama.cpp adapter, include/fairkv/llamacpp:
+# fairkv + llama.h + libllama + ggml) and fairkv_llamacpp_integration (with
 # examples/llamacpp's headers and its compiled unit); callers test for the latter (targets are global, this file is read once).
 include_guard(GLOBAL)
 
@@ -39,8 +40,9 @@ if(NOT _fairkv_state_version MATCHES "LLAMA_STATE_SEQ_VERSION +3$")
 endif()
 
 add_library(fairkv_llamacpp INTERFACE)
+add_library(fairkv::llamacpp ALIAS fairkv_llamacpp)
 target_include_directories(fairkv_llamacpp INTERFACE ${FAIRKV_LLAMACPP_INCLUDE_DIR})
-target_link_libraries(fairkv_llamacpp INTERFACE ${FAIRKV_LLAMACPP_LIBRARY} ${FAIRKV_GGML_BASE_LIBRARY})
+target_link_libraries(fairkv_llamacpp INTERFACE fairkv::fairkv ${FAIRKV_LLAMACPP_LIBRARY} ${FAIRKV_GGML_BASE_LIBRARY})
 if(FAIRKV_GGML_LIBRARY)
   target_link_libraries(fairkv_llamacpp INTERFACE ${FAIRKV_GGML_LIBRARY})
 endif()

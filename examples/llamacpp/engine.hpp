@@ -35,7 +35,7 @@
 #include "llama.h"
 
 #include "prefill_capture.hpp"
-#include "seq_state.hpp"
+#include "fairkv/llamacpp/state_format.hpp"
 #include "tokenizer.hpp"  // llama::byte_range, llama::encoding (the runner's segment mapping reads them)
 
 namespace llamacpp {
@@ -392,8 +392,8 @@ class engine {
     return f;
   }
 
-  state_expectations expectations() const {
-    state_expectations w;
+  fairkv::llamacpp::state_expectations expectations() const {
+    fairkv::llamacpp::state_expectations w;
     w.version = LLAMA_STATE_SEQ_VERSION;
     w.n_layer = uint32_t(n_layer());
     w.n_embd_k = w.n_embd_v = uint32_t(n_head_kv() * head_dim());
@@ -401,6 +401,7 @@ class engine {
     w.cell_ext = model_->mrope();
     return w;
   }
+  fairkv::llamacpp::state_shape state_shape() const { return {expectations(), n_head_kv(), head_dim()}; }
 
   // ---- the first slot, for callers with one sequence (tests) ------------------------------------------------
   slot& main() {

@@ -76,6 +76,7 @@ class prefill_capture {
   const llama::capture_options& what() const { return what_; }
   int tokens() const { return n_; }
   int n_head() const { return n_head_; }
+  int head_dim() const { return head_dim_; }
   const layer_stats& layer(int l) const { return layers_[size_t(l)]; }
   // Frees every statistic (compression read them).
   void clear() {

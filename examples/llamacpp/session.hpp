@@ -52,17 +52,6 @@ inline double ms_between(std::chrono::steady_clock::time_point a, std::chrono::s
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-inline const char* statistics_name(llama::attention_input a) {
-  switch (a) {
-    case llama::attention_input::none: return "none";
-    case llama::attention_input::queries: return "queries";
-    case llama::attention_input::column_sums: return "column_sums";
-    case llama::attention_input::local_column_sums: return "local_column_sums";
-    case llama::attention_input::last_rows: return "last_rows";
-  }
-  return "?";
-}
-
 // A turn in the runner's ChatML template (SmolLM2 and Qwen2.5 share it), with llama.cpp's tokens and byte offsets.
 inline llama::chat::encoded_turn encode_turn(const engine& e, std::string_view role, std::string_view content,
                                              bool generation_prompt) {
@@ -70,8 +59,9 @@ inline llama::chat::encoded_turn encode_turn(const engine& e, std::string_view r
 }
 
 // What a compression did, into the configuration's report (`run`: its fairkv-llama part, whose segments are set).
-inline void record_compression(session_report& rep, llama::run_report& run, const compression& c, int n_layers,
-                               int n_kv_heads) {
+// sinks: the attention sinks the configuration's allocator protects (fairkv-llama reports how many were kept).
+inline void record_compression(session_report& rep, llama::run_report& run, const compression& c, int sinks,
+                               int n_layers, int n_kv_heads) {
   rep.parse_ms = c.parse_ms;
   rep.plan_ms = c.plan_ms;
   rep.write_ms = c.write_ms;
@@ -79,18 +69,14 @@ inline void record_compression(session_report& rep, llama::run_report& run, cons
   rep.cells_before = c.cells_before;
   rep.cells_after = c.cells_after;
   rep.v_trans = c.v_trans;
-  rep.statistics = statistics_name(c.statistics);
+  rep.statistics = c.statistics;
   run.window_used = c.window_used;
-  llama::record_kept(run, c.kept, n_layers, n_kv_heads);
-  rep.kept_sets.assign(c.kept.kept.size(), {});
-  for (size_t l = 0; l < c.kept.kept.size(); ++l)
-    for (const auto& head : c.kept.kept[l]) {
-      std::vector<std::int32_t> idx;
-      for (size_t t = 0; t < head.size(); ++t)
-        if (head[t]) idx.push_back(std::int32_t(t));
-      rep.kept_sets[l].push_back(std::move(idx));
-    }
+  llama::record_kept(run, kept_masks(c, sinks), n_layers, n_kv_heads);
+  rep.kept_sets = c.kept;
 }
+
+// The sinks record_compression reports for a request.
+inline int reported_sinks(const llama::compress_request& req) { return req.policy == "none" ? 0 : llama::sinks_of(req); }
 
 // Reads the first slot's state, compresses it with the statistics its prefill kept, and loads the result. On any
 // failure the original state is loaded back (llama.cpp empties the sequence when a load fails) and the error is
@@ -104,8 +90,7 @@ inline std::string compress_in_engine(engine& eng, const llama::compress_request
   std::vector<std::uint8_t> work = injected_state ? *injected_state : original;
   rep.state_read_ms = ms_between(t0, clock::now());
   rep.state_bytes_before = work.size();
-  compression c = compress_state(work, eng.expectations(), eng.n_head_kv(), eng.head_dim(), req,
-                                 {&eng.capture(), recompute});
+  compression c = compress_state(work, eng.state_shape(), req, {&eng.capture(), recompute});
   if (!c.error.empty()) return c.error;
   t0 = clock::now();
   eng.truncate(0);
@@ -114,7 +99,7 @@ inline std::string compress_in_engine(engine& eng, const llama::compress_request
     return "llama.cpp refused the compressed state (" + std::to_string(c.state.size()) + " bytes); context restored";
   }
   rep.state_load_ms = ms_between(t0, clock::now());
-  record_compression(rep, rep.run, c, eng.n_layer(), eng.n_head_kv());
+  record_compression(rep, rep.run, c, reported_sinks(req), eng.n_layer(), eng.n_head_kv());
   return "";
 }
 
@@ -190,8 +175,7 @@ class turn_source {
     const auto t0 = clock::now();
     std::vector<std::uint8_t> work = base_;
     const double read_ms = ms_between(t0, clock::now());
-    compression comp = compress_state(work, eng_.expectations(), eng_.n_head_kv(), eng_.head_dim(),
-                                      configs_[c].compress, stats_);
+    compression comp = compress_state(work, eng_.state_shape(), configs_[c].compress, stats_);
     if (!comp.error.empty()) {
       if (strict_) throw std::runtime_error(comp.error);
       runs_[c].error = comp.error;
@@ -199,7 +183,7 @@ class turn_source {
       return false;
     }
     session_report& rep = reps_[c];
-    record_compression(rep, runs_[c], comp, eng_.n_layer(), eng_.n_head_kv());
+    record_compression(rep, runs_[c], comp, reported_sinks(configs_[c].compress), eng_.n_layer(), eng_.n_head_kv());
     runs_[c].compress_ms = ms_between(t0, clock::now());
     rep.state_read_ms = read_ms;
     rep.state_bytes_before = base_.size();

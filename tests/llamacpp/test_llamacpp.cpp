@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "fairkv/llamacpp/sequence.hpp"
 #include "session.hpp"
 
 namespace {
@@ -135,8 +136,7 @@ TEST_CASE("llamacpp: every kept K and V row of the written state is the original
       prefilled p(path, fa, config(policy, 0.6, selector), defended_system);
       const std::vector<uint8_t> original = p.eng.get_state();
       std::vector<uint8_t> work = original;
-      const llamacpp::compression c = llamacpp::compress_state(work, p.eng.expectations(), p.eng.n_head_kv(),
-                                                               p.eng.head_dim(), p.cfg.compress, {&p.eng.capture()});
+      const llamacpp::compression c = llamacpp::compress_state(work, p.eng.state_shape(), p.cfg.compress, {&p.eng.capture()});
       REQUIRE(c.error == "");
       const size_t n = size_t(p.n_sys()), m = c.cells_after, kvh = size_t(p.eng.n_head_kv());
       const size_t hd = size_t(p.eng.head_dim()), L = size_t(p.eng.n_layer());
@@ -150,12 +150,10 @@ TEST_CASE("llamacpp: every kept K and V row of the written state is the original
       size_t mismatches = 0, checked = 0;
       for (size_t l = 0; l < L; ++l)
         for (size_t h = 0; h < kvh; ++h) {
-          std::vector<size_t> kept;  // from the report's 0/1 map, in ascending order
-          for (size_t t = 0; t < n; ++t)
-            if (c.kept.kept[l][h][t]) kept.push_back(t);
+          const std::vector<int32_t>& kept = c.kept[l][h];  // ascending
           REQUIRE(kept.size() == m);
           for (size_t i = 0; i < m; ++i) {
-            const size_t src = kept[i];
+            const size_t src = size_t(kept[i]);
             mismatches += std::memcmp(&c.state[b.k(l) + i * b.row + h * hd * 2],
                                       &original[a.k(l) + src * a.row + h * hd * 2], hd * 2) != 0;
             for (size_t d = 0; d < hd && a.v_trans; ++d) {  // V^T: element (h, t, d) at ((h hd + d) cells + t) * 2
@@ -167,12 +165,7 @@ TEST_CASE("llamacpp: every kept K and V row of the written state is the original
                                         &original[a.v(l) + src * a.row + h * hd * 2], hd * 2) != 0;
             ++checked;
           }
-          if (std::string(selector) == "union" && h > 0) {
-            std::vector<size_t> first;
-            for (size_t t = 0; t < n; ++t)
-              if (c.kept.kept[l][0][t]) first.push_back(t);
-            CHECK(kept == first);
-          }
+          if (std::string(selector) == "union" && h > 0) CHECK(kept == c.kept[l][0]);
         }
       CHECK(checked == L * kvh * m);
       CHECK(mismatches == 0);
@@ -282,16 +275,16 @@ TEST_CASE("llamacpp: cut and corrupted states are refused with a message; the co
   const auto before = p.answer(attack);
   p.eng.truncate(p.n_sys());
   const std::vector<uint8_t> good = p.eng.get_state();
-  const llamacpp::state_expectations want = p.eng.expectations();
-  llamacpp::seq_state st;
-  REQUIRE(llamacpp::parse_seq_state(good, want, st) == "");
+  const fairkv::llamacpp::state_expectations want = p.eng.expectations();
+  fairkv::llamacpp::seq_state st;
+  REQUIRE(fairkv::llamacpp::parse_seq_state(good, want, st) == "");
   REQUIRE(st.v_trans);
 
   SUBCASE("every cut of the header and metadata, and a sweep through the rows, is refused as a cut") {
     size_t refused = 0, tried = 0;
     const size_t meta_end = 16 + 12 * size_t(p.n_sys()) + 64;
     for (size_t len = 0; len < good.size(); len += len < meta_end ? 1 : 997) {
-      std::string e = llamacpp::parse_seq_state(std::span(good.data(), len), want, st);
+      std::string e = fairkv::llamacpp::parse_seq_state(std::span(good.data(), len), want, st);
       ++tried;
       if (e.find("cut at byte") != std::string::npos || e.find("needs at least") != std::string::npos) ++refused;
       else FAIL_CHECK("length " << len << ": " << e);
@@ -311,13 +304,13 @@ TEST_CASE("llamacpp: cut and corrupted states are refused with a message; the co
     for (size_t at : offsets) {
       std::vector<uint8_t> bad = good;
       bad[at] ^= 0x5a;
-      const std::string e = llamacpp::parse_seq_state(bad, want, st);
+      const std::string e = fairkv::llamacpp::parse_seq_state(bad, want, st);
       const bool position_byte = at >= 16 && at < 16 + 12 * size_t(p.n_sys()) && (at - 16) % 12 < 4;
       if (e.empty()) CHECK_MESSAGE(position_byte, "offset " << at << " accepted");
       else ++refused;
     }
     CHECK(refused > offsets.size() * 9 / 10);
-    CHECK(llamacpp::parse_seq_state(good, want, st) == "");
+    CHECK(fairkv::llamacpp::parse_seq_state(good, want, st) == "");
   }
   SUBCASE("refusals through the engine name the fault and leave the context answering as before") {
     auto corrupt = [&](size_t at, std::vector<uint8_t> v) {
@@ -374,17 +367,17 @@ TEST_CASE("llamacpp: a quantised cache, head_adaptive and a version it does not 
   CHECK(llamacpp::compress_in_engine(p.eng, config("snapkv", 0.5, "head_adaptive").compress, rep)
             .find("head_adaptive") != std::string::npos);
   std::vector<uint8_t> work = p.eng.get_state();
-  llamacpp::state_expectations other = p.eng.expectations();
+  fairkv::llamacpp::state_expectations other = p.eng.expectations();
   other.version = 4;
-  llamacpp::seq_state st;
-  CHECK(llamacpp::parse_seq_state(work, other, st).find("version 4") != std::string::npos);
+  fairkv::llamacpp::seq_state st;
+  CHECK(fairkv::llamacpp::parse_seq_state(work, other, st).find("version 4") != std::string::npos);
   other = p.eng.expectations();
   other.cell_ext = true;
-  CHECK(llamacpp::parse_seq_state(work, other, st).find("M-RoPE") != std::string::npos);
+  CHECK(fairkv::llamacpp::parse_seq_state(work, other, st).find("M-RoPE") != std::string::npos);
   other = p.eng.expectations();
   other.n_layer = 7;
-  CHECK(llamacpp::parse_seq_state(work, other, st).find("layers") != std::string::npos);
-  CHECK(LLAMA_STATE_SEQ_VERSION == llamacpp::state_version);
+  CHECK(fairkv::llamacpp::parse_seq_state(work, other, st).find("layers") != std::string::npos);
+  CHECK(LLAMA_STATE_SEQ_VERSION == fairkv::llamacpp::state_version);
 }
 
 TEST_CASE("llamacpp: the prefill's softmax statistics plan as the recompute from its queries does") {
@@ -409,22 +402,19 @@ TEST_CASE("llamacpp: the prefill's softmax statistics plan as the recompute from
       eng.feed(sys.turn.tokens.ids, both);
       const std::vector<uint8_t> state = eng.get_state();
       std::vector<uint8_t> a = state, b = state;
-      const llamacpp::compression from_stats = llamacpp::compress_state(
-          a, eng.expectations(), eng.n_head_kv(), eng.head_dim(), cfg.compress, {&eng.capture(), false});
-      const llamacpp::compression from_q = llamacpp::compress_state(
-          b, eng.expectations(), eng.n_head_kv(), eng.head_dim(), cfg.compress, {&eng.capture(), true});
+      const llamacpp::compression from_stats = llamacpp::compress_state(a, eng.state_shape(), cfg.compress, {&eng.capture(), false});
+      const llamacpp::compression from_q = llamacpp::compress_state(b, eng.state_shape(), cfg.compress, {&eng.capture(), true});
       REQUIRE(from_stats.error == "");
       REQUIRE(from_q.error == "");
-      CHECK(from_stats.statistics == (std::string(policy) == "h2o"
-                                          ? (fair ? llama::attention_input::local_column_sums
-                                                  : llama::attention_input::column_sums)
-                                          : llama::attention_input::last_rows));
-      CHECK(from_q.statistics == llama::attention_input::queries);
+      CHECK(std::string(from_stats.statistics) ==
+            (std::string(policy) == "h2o" ? (fair ? "local_column_sums" : "column_sums") : "last_rows"));
+      CHECK(std::string(from_q.statistics) == "queries");
+      const auto stats_kept = llamacpp::kept_masks(from_stats, 0).kept, q_kept = llamacpp::kept_masks(from_q, 0).kept;
       size_t same = 0, total = 0, shared = 0, kept = 0;
-      for (size_t l = 0; l < from_q.kept.kept.size(); ++l)
-        for (size_t h = 0; h < from_q.kept.kept[l].size(); ++h, ++total) {
-          const auto& x = from_stats.kept.kept[l][h];
-          const auto& y = from_q.kept.kept[l][h];
+      for (size_t l = 0; l < q_kept.size(); ++l)
+        for (size_t h = 0; h < q_kept[l].size(); ++h, ++total) {
+          const auto& x = stats_kept[l][h];
+          const auto& y = q_kept[l][h];
           same += x == y;
           for (size_t t = 0; t < x.size(); ++t) shared += x[t] && y[t], kept += y[t];
         }
@@ -436,5 +426,86 @@ TEST_CASE("llamacpp: the prefill's softmax statistics plan as the recompute from
       CHECK(overlap >= 0.97);
       CHECK(identical >= 0.9);
     }
+  }
+}
+
+TEST_CASE("llamacpp: fairkv::llamacpp::compress_sequence, with the library's types only, compresses a context's sequence") {
+  const std::string path = model_path();
+  if (skip_without_model(path, "compress_sequence")) return;
+  // Flash attention on: the prefill keeps the queries, which the typed statistic hands to SnapKV.
+  prefilled p(path, 1, config("snapkv", 0.5, "per_head", true), defended_system);
+  llama_context* ctx = p.eng.ctx();
+  const llama_seq_id seq = p.eng.main().id();
+  const int n = p.n_sys();
+  const fairkv::llamacpp::state_shape shape = fairkv::llamacpp::shape_of(ctx, /*kv_unified=*/false);
+  const fairkv::llamacpp::state_shape want = p.eng.state_shape();
+  CHECK(shape.n_head_kv == want.n_head_kv);
+  CHECK(shape.head_dim == want.head_dim);
+  CHECK(shape.expect.n_layer == want.expect.n_layer);
+  CHECK(shape.expect.n_embd_k == want.expect.n_embd_k);
+  CHECK(shape.expect.n_stream == want.expect.n_stream);
+  CHECK(shape.expect.cell_ext == want.expect.cell_ext);
+
+  fairkv::policy_spec spec;
+  spec.scorer = fairkv::scorer_kind::snapkv;
+  spec.allocator = fairkv::allocator_kind::fair;
+  spec.window = p.cfg.compress.window;
+  const std::vector<fairkv::segment>& segments = p.cfg.compress.segments;
+  REQUIRE(segments.size() == 2);
+  const fairkv::llamacpp::request req{spec, segments, {}, 0.5};
+  const int nh = p.eng.n_head();
+  auto queries = [&](int l, std::int64_t cells, fairkv::llamacpp::attention_statistics& out) {
+    REQUIRE(cells == n);
+    out = fairkv::llamacpp::query_rows{p.eng.capture().layer(l).q, nh};
+    return std::string();
+  };
+  const std::vector<uint8_t> before = p.eng.get_state();
+  // The library's inline_planner, instantiated once for the integration (plan_layer_f16.cpp).
+  const llamacpp::compiled_planner planner;
+
+  SUBCASE("refusals leave the sequence as it was") {
+    const std::vector<int32_t> outside{n};
+    fairkv::llamacpp::request bad = req;
+    bad.whitelist = outside;
+    bad.policy.allocator = fairkv::allocator_kind::fair_with_whitelist;
+    std::vector<std::string> errors;
+    errors.push_back(fairkv::llamacpp::compress_sequence(ctx, seq, shape, bad, queries, planner).error);
+    // SnapKV without its statistic, and a statistic of the wrong shape.
+    errors.push_back(fairkv::llamacpp::compress_sequence(
+        ctx, seq, shape, req, [](int, std::int64_t, fairkv::llamacpp::attention_statistics&) { return std::string(); }, planner).error);
+    auto short_rows = [&](int l, std::int64_t, fairkv::llamacpp::attention_statistics& out) {
+      out = fairkv::llamacpp::query_rows{std::span(p.eng.capture().layer(l).q).first(10), nh};
+      return std::string();
+    };
+    errors.push_back(fairkv::llamacpp::compress_sequence(ctx, seq, shape, req, short_rows, planner).error);
+    fairkv::llamacpp::state_shape other = shape;
+    other.head_dim /= 2;
+    errors.push_back(fairkv::llamacpp::compress_sequence(ctx, seq, other, req, queries, planner).error);
+    fairkv::policy_spec adaptive = spec;
+    adaptive.selector = fairkv::selection_kind::head_adaptive;
+    errors.push_back(fairkv::llamacpp::compress_sequence(ctx, seq, shape, {adaptive, segments, {}, 0.5}, queries, planner).error);
+    CHECK(errors[0].find("is outside the cache of") != std::string::npos);
+    CHECK(errors[1].find("fairkv plan (layer 0)") != std::string::npos);
+    CHECK(errors[2].find("queries holds 10 floats") != std::string::npos);
+    CHECK(errors[3].find("K rows of") != std::string::npos);
+    CHECK(errors[4].find("head_adaptive") != std::string::npos);
+    CHECK(p.eng.get_state() == before);
+  }
+
+  SUBCASE("it keeps what fairkv-llamacpp keeps (whose fair shares the tests above hold), and the sequence goes on") {
+    std::vector<uint8_t> copy = before;
+    const llamacpp::compression cli = llamacpp::compress_state(copy, p.eng.state_shape(), p.cfg.compress, {&p.eng.capture()});
+    REQUIRE(cli.error == "");
+    const fairkv::llamacpp::compression c = fairkv::llamacpp::compress_sequence(ctx, seq, shape, req, queries, planner);
+    REQUIRE(c.error == "");
+    CHECK(c.kept == cli.kept);
+    CHECK(c.state == cli.state);
+    CHECK(std::string(c.statistics) == "queries");
+    const std::int64_t m = fairkv::keep_budget(n, 0.5);
+    CHECK(c.cells_after == std::uint32_t(m));
+    llama_memory_t mem = llama_get_memory(ctx);
+    CHECK(llama_memory_seq_pos_min(mem, seq) == n - m);
+    CHECK(llama_memory_seq_pos_max(mem, seq) == n - 1);
+    CHECK(!p.answer(attack).second.empty());
   }
 }

@@ -1,5 +1,5 @@
 // llama.cpp's sequence state (llama_state_seq_get_data / _set_data) as bytes: a parser that checks every field
-// against what this integration knows, and a writer that emits a state holding only kept cells.
+// against what this adapter knows, and a writer that emits a state holding only kept cells.
 //
 // The layout is llama.cpp's own (src/llama-context.cpp state_seq_get_data, src/llama-kv-cache.cpp state_write,
 // state_write_meta, state_write_data), pinned to llama-cpp-python 0.3.36 (llama.cpp 0c1e570, LLAMA_STATE_SEQ_VERSION
@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-namespace llamacpp {
+namespace fairkv::llamacpp {
 
 inline constexpr std::uint32_t state_magic = 0xaf143cd8u;  // llama_context.cpp io_magic
 inline constexpr std::uint32_t state_version = 3;          // LLAMA_STATE_SEQ_VERSION of the pinned llama.h
@@ -55,6 +55,13 @@ struct state_expectations {
   std::uint32_t n_embd_v = 0;
   std::uint32_t n_stream = 1;  // the context's KV streams (one per sequence slot when not unified)
   bool cell_ext = false;       // M-RoPE / PLE cells carry 12 more bytes each: refused before parsing
+};
+
+// The model's side of a state: what the parser must find, and how a K row splits into heads.
+struct state_shape {
+  state_expectations expect;
+  int n_head_kv = 0;
+  int head_dim = 0;
 };
 
 struct layer_block {
@@ -121,7 +128,7 @@ inline bool check_f16(std::int32_t type, const char* which, std::uint32_t layer,
   if (type == ggml_type_f16) return true;
   err = "layer " + std::to_string(layer) + ": " + which + " cache type " + ggml_type_label(type) +
         (type > 1 && type != 30 ? " is quantised" : " is not f16") +
-        "; fairkv-llamacpp compresses f16 K/V caches only (create the context with type_k = type_v = F16)";
+        "; fairkv compresses f16 K/V caches only (create the context with type_k = type_v = F16)";
   return false;
 }
 
@@ -137,7 +144,7 @@ inline bool check_f16(std::int32_t type, const char* which, std::uint32_t layer,
            std::to_string(state_version) + " only (llama-cpp-python 0.3.36): refusing to guess the layout";
   if (want.cell_ext)
     return "the cache stores per-cell extensions (M-RoPE 2D positions or per-layer n-gram embeddings); "
-           "fairkv-llamacpp supports 1D RoPE models only";
+           "fairkv supports 1D RoPE models only";
   detail::reader r(bytes);
   std::uint32_t magic = 0, n_stream = 0;
   if (!r.read(magic, [] { return "the magic"; }, err)) return err;
@@ -171,7 +178,9 @@ inline bool check_f16(std::int32_t type, const char* which, std::uint32_t layer,
     auto cell = [&](const char* what) { return cell_name() + " " + what; };
     std::uint32_t n_seq = 0;
     std::int32_t seq = 0;
-    if (!r.read(out.pos[i], [&] { return cell("position"); }, err) || !r.read(n_seq, [&] { return cell("sequence count"); }, err)) return err;
+    if (!r.read(out.pos[i], [&] { return cell("position"); }, err) ||
+        !r.read(n_seq, [&] { return cell("sequence count"); }, err))
+      return err;
     if (n_seq != 1)
       return cell_name() + ": " + std::to_string(n_seq) + " sequence ids (a single-sequence state has exactly 1)";
     if (!r.read(seq, [&] { return cell("sequence id"); }, err)) return err;
@@ -180,11 +189,13 @@ inline bool check_f16(std::int32_t type, const char* which, std::uint32_t layer,
              std::to_string(out.seq_id);
     if (out.pos[i] < 0) return cell_name() + ": negative position " + std::to_string(out.pos[i]);
     if (i > 0 && out.pos[i] <= out.pos[i - 1])
-      return cell_name() + ": position " + std::to_string(out.pos[i]) + " does not follow " + std::to_string(out.pos[i - 1]) +
+      return cell_name() + ": position " + std::to_string(out.pos[i]) + " does not follow " +
+             std::to_string(out.pos[i - 1]) +
              " (cells are expected in increasing position order)";
   }
   std::uint32_t v_trans = 0;
-  if (!r.read(v_trans, [] { return "v_trans"; }, err) || !r.read(out.n_layer, [] { return "the layer count"; }, err)) return err;
+  if (!r.read(v_trans, [] { return "v_trans"; }, err) || !r.read(out.n_layer, [] { return "the layer count"; }, err))
+    return err;
   if (v_trans > 1) return "v_trans is " + std::to_string(v_trans) + " (expected 0 or 1)";
   out.v_trans = v_trans == 1;
   if (out.n_layer != want.n_layer)
@@ -200,7 +211,8 @@ inline bool check_f16(std::int32_t type, const char* which, std::uint32_t layer,
     if (!r.read(type, [&] { return layer("K type"); }, err) || !detail::check_f16(type, "K", l, err)) return err;
     if (!r.read(row, [&] { return layer("K row size"); }, err)) return err;
     if (row != out.k_row_bytes())
-      return layer_name() + ": K row size " + std::to_string(row) + " bytes, expected " + std::to_string(out.k_row_bytes()) +
+      return layer_name() + ": K row size " + std::to_string(row) + " bytes, expected " +
+             std::to_string(out.k_row_bytes()) +
              " (f16 x " + std::to_string(want.n_embd_k) + ")";
     out.layers[l].k_offset = r.offset();
     if (!r.skip(out.cell_count, row, [&] { return layer("K rows"); }, err)) return err;
@@ -220,10 +232,13 @@ inline bool check_f16(std::int32_t type, const char* which, std::uint32_t layer,
       if (!r.skip(out.cell_count, row, [&] { return layer("V rows"); }, err)) return err;
     } else {
       std::uint32_t el = 0, n_embd = 0;
-      if (!r.read(el, [&] { return layer("V element size"); }, err) || !r.read(n_embd, [&] { return layer("V embedding size"); }, err)) return err;
+      if (!r.read(el, [&] { return layer("V element size"); }, err) ||
+          !r.read(n_embd, [&] { return layer("V embedding size"); }, err))
+        return err;
       if (el != 2) return layer_name() + ": V element size " + std::to_string(el) + " bytes, expected 2 (f16)";
       if (n_embd != want.n_embd_v)
-        return layer_name() + ": V embedding size " + std::to_string(n_embd) + ", expected " + std::to_string(want.n_embd_v);
+        return layer_name() + ": V embedding size " + std::to_string(n_embd) + ", expected " +
+               std::to_string(want.n_embd_v);
       out.layers[l].v_offset = r.offset();
       if (!r.skip(std::uint64_t(n_embd) * out.cell_count, el, [&] { return layer("transposed V"); }, err)) return err;
     }
@@ -245,7 +260,8 @@ inline bool check_f16(std::int32_t type, const char* which, std::uint32_t layer,
 // The state of `src` (parsed from `bytes`) with only its first `kept` cells of every layer: the K rows [0, kept),
 // the V rows [0, kept) (or, transposed, the first `kept` entries of every V^T row), and the given positions.
 // fairkv's compaction has already moved every kept row to the front of its layer's block in `bytes`.
-[[nodiscard]] inline std::vector<std::uint8_t> write_seq_state(std::span<const std::uint8_t> bytes, const seq_state& src,
+[[nodiscard]] inline std::vector<std::uint8_t> write_seq_state(std::span<const std::uint8_t> bytes,
+                                                               const seq_state& src,
                                                                std::uint32_t kept,
                                                                std::span<const std::int32_t> positions) {
   const std::size_t k_bytes = std::size_t(kept) * src.k_row_bytes(), v_bytes = std::size_t(kept) * src.v_row_bytes();
@@ -296,4 +312,4 @@ inline bool check_f16(std::int32_t type, const char* which, std::uint32_t layer,
   return out;
 }
 
-}  // namespace llamacpp
+}  // namespace fairkv::llamacpp
