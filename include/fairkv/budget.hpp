@@ -20,7 +20,7 @@ namespace fairkv {
 // What a plan keeps: a ratio (the fraction of each sequence evicted, kvpress's `compression_ratio`) or a token
 // budget (tokens kept per KV head, what an engine with a fixed cache size asks for: kvpress issue #102). Exactly
 // one is set; the planners refuse anything else with status::invalid_argument (detail/validate.hpp):
-//   - a ratio outside [0, 1), as before;
+//   - a ratio outside [0, 1);
 //   - a token budget below 1: a budget of 0 would empty the cache, which is the engine's decision (free the
 //     sequence), not a plan's; kvpress's "never empty a head" rule holds for both kinds;
 //   - a ratio other than 0 together with a token budget.

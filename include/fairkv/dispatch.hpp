@@ -5,7 +5,6 @@
 #pragma once
 
 #include <string_view>
-#include <utility>
 
 #include "fairkv/policy.hpp"
 #include "fairkv/policy_spec.hpp"

@@ -37,7 +37,8 @@ namespace fairkv::registry {
 template <class... Entries>
 struct list {};
 
-// A part with no run-time parameters and no alias.
+// A part with no run-time parameters and no alias; an entry with either derives from it and redefines `make` or
+// `alias`.
 template <auto Kind, class T>
 struct simple {
   using type = T;
@@ -47,20 +48,14 @@ struct simple {
 };
 
 // ---- scorers: the first entry is what an out-of-range scorer_kind falls back to ----
-struct streaming_llm_entry {
-  using type = scorers::streaming_llm<>;
-  static constexpr scorer_kind kind = scorer_kind::streaming_llm;
-  static constexpr std::string_view alias{};
+struct streaming_llm_entry : simple<scorer_kind::streaming_llm, scorers::streaming_llm<>> {
   [[nodiscard]] static constexpr type make(const policy_spec& spec) noexcept {
     type s{};
     s.n_sink = spec.n_sink;
     return s;
   }
 };
-struct snapkv_entry {
-  using type = scorers::snapkv<>;
-  static constexpr scorer_kind kind = scorer_kind::snapkv;
-  static constexpr std::string_view alias{};
+struct snapkv_entry : simple<scorer_kind::snapkv, scorers::snapkv<>> {
   [[nodiscard]] static constexpr type make(const policy_spec& spec) noexcept {
     type s{};
     s.window = spec.window;
@@ -68,10 +63,7 @@ struct snapkv_entry {
     return s;
   }
 };
-struct random_entry {
-  using type = scorers::random;
-  static constexpr scorer_kind kind = scorer_kind::random;
-  static constexpr std::string_view alias{};
+struct random_entry : simple<scorer_kind::random, scorers::random> {
   [[nodiscard]] static constexpr type make(const policy_spec& spec) noexcept { return type{spec.seed}; }
 };
 struct h2o_entry : simple<scorer_kind::h2o, scorers::h2o> {
@@ -85,10 +77,7 @@ using scorers = list<simple<scorer_kind::knorm, fairkv::scorers::knorm>, streami
 struct union_heads_entry : simple<selection_kind::union_heads, fairkv::selectors::union_heads> {
   static constexpr std::string_view alias = "union";  // the selector's first name
 };
-struct head_adaptive_entry {
-  using type = fairkv::selectors::head_adaptive;
-  static constexpr selection_kind kind = selection_kind::head_adaptive;
-  static constexpr std::string_view alias{};
+struct head_adaptive_entry : simple<selection_kind::head_adaptive, fairkv::selectors::head_adaptive> {
   [[nodiscard]] static constexpr type make(const policy_spec& spec) noexcept { return type{spec.alpha_safeguard}; }
 };
 using selectors =
@@ -100,33 +89,21 @@ using selectors =
   return {spec.sinks, spec.boundary};
 }
 template <allocator_kind Kind, class T>
-struct protecting {
-  using type = T;
-  static constexpr allocator_kind kind = Kind;
-  static constexpr std::string_view alias{};
+struct protecting : simple<Kind, T> {
   [[nodiscard]] static constexpr T make(const policy_spec& spec) noexcept { return T{protection_of(spec)}; }
 };
-struct debias_entry {
-  using type = fairkv::allocators::debias;
-  static constexpr allocator_kind kind = allocator_kind::debias;
-  static constexpr std::string_view alias{};
+struct debias_entry : simple<allocator_kind::debias, fairkv::allocators::debias> {
   [[nodiscard]] static constexpr type make(const policy_spec& spec) noexcept {
     return type{spec.lambda, protection_of(spec)};
   }
 };
-struct fair_paper_entry {
-  using type = fairkv::allocators::fair_paper;
-  static constexpr allocator_kind kind = allocator_kind::fair_paper;
-  static constexpr std::string_view alias{};
+struct fair_paper_entry : simple<allocator_kind::fair_paper, fairkv::allocators::fair_paper> {
   // The paper's presses keep no sinks of their own: fair_paper has its own default (policy_spec::paper_sinks).
   [[nodiscard]] static constexpr type make(const policy_spec& spec) noexcept {
     return type{{spec.paper_sinks, spec.boundary}};
   }
 };
-struct prioritized_entry {
-  using type = fairkv::allocators::prioritized;
-  static constexpr allocator_kind kind = allocator_kind::prioritized;
-  static constexpr std::string_view alias{};
+struct prioritized_entry : simple<allocator_kind::prioritized, fairkv::allocators::prioritized> {
   [[nodiscard]] static constexpr type make(const policy_spec& spec) noexcept {
     return type{spec.priorities, spec.remainder_priority, protection_of(spec)};
   }

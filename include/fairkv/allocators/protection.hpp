@@ -2,7 +2,7 @@
 // boundaries of every segment. Both are charged to the budget of the group they sit in, like whitelisted tokens.
 //
 // - Sinks: the first `n_sink` tokens of the sequence. Evicting them is the failure StreamingLLM was built to
-//   avoid (the model parks attention mass there); fair eviction with segment-local scoring used to lose token 0
+//   avoid (the model parks attention mass there); fair eviction with segment-local scoring loses token 0 without them
 //   because the chat-template tokens before the first segment form a tiny group whose local scores do not favour
 //   it. Sinks are kept as far as the budget allows: after the whitelist and the boundary tokens, at most n_keep
 //   tokens are ever forced, so a budget smaller than n_sink keeps the first n_keep - forced sinks.

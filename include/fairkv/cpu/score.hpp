@@ -126,10 +126,9 @@ result attention_row(const layer_inputs<KeySource, Q>& in, std::int64_t b, std::
 
 // SnapKV's per-query-head statistic, added to out[0, m): the window's summed attention acc[0, m) divided by the
 // window size w, then avg_pool1d(kernel, stride 1, zero padding kernel/2, count_include_pad): the divisor is
-// always `kernel`. O(m) for any kernel (a sum per token was O(m * kernel), 175 ms for a 16k kernel at 16k
-// tokens): in blocks of `kernel` tokens, a window of at most `kernel` tokens is a block suffix plus the next
-// block's prefix (van Herk / Gil-Werman), so no sum is ever subtracted and tiny attention next to large attention
-// keeps its digits. Suffixes and prefixes are summed in double and stored as float. acc is overwritten (it ends
+// always `kernel`. O(m) for any kernel (a sum per token would be O(m * kernel)): in blocks of `kernel` tokens, a
+// window of at most `kernel` tokens is a block suffix plus the next block's prefix (van Herk / Gil-Werman), so no
+// sum is ever subtracted and tiny attention next to large attention keeps its digits. Suffixes and prefixes are summed in double and stored as float. acc is overwritten (it ends
 // holding the prefixes); pooled is scratch of m floats (the suffixes).
 inline void add_pooled_window_mean(float* acc, std::int64_t m, std::int64_t w, std::int32_t kernel, float* pooled,
                                    float* out) {

@@ -1,4 +1,4 @@
-// Attention of a block of query rows over one KV head's keys as a register-blocked matrix product (issue 17). The
+// Attention of a block of query rows over one KV head's keys as a register-blocked matrix product. The
 // row-at-a-time path (score.hpp's attention_row) reads every key once per query row: SnapKV's window of 16
 // queries x 4 query heads reads a KV head's keys 64 times and runs at matrix-vector speed. Here up to gemm_rows
 // query rows share one pass over the keys; the softmax and the accumulation that follow compute the row path's

@@ -1,4 +1,4 @@
-// Which x86 vector kernels the attention scorers run (issue 17). fairkv is header-only, so its kernels are compiled
+// Which x86 vector kernels the attention scorers run. fairkv is header-only, so its kernels are compiled
 // with the engine's flags, and most engines, Python extensions and distribution packages build for baseline x86-64
 // (SSE2): there SnapKV's scoring ran at a third of the speed the same CPU gives with AVX2 and a quarter of AVX-512's.
 // On x86-64 with GCC or clang the attention kernel is therefore also compiled for AVX2 + FMA and for AVX-512 (each

@@ -74,8 +74,7 @@ inline constexpr bool scores_locally = A::segment_local && is_attention_source(S
 template <class S, class A>
 inline constexpr bool separate_global_scores = scores_locally<S, A> && A::needs_own_allocation;
 
-// tasks: how many tasks an executor may run at once over the heads (1 for the serial planner, whose layout is
-// then what it was before executors existed).
+// tasks: how many tasks an executor may run at once over the heads (1 for the serial planner: one task's scratch).
 template <class S, class Sel, class A>
 std::size_t layout(void* base, plan_workspace& w, std::int64_t heads, std::int64_t max_tokens,
                    std::int64_t n_segments, std::int64_t tasks = 1) noexcept {

@@ -45,41 +45,38 @@ __global__ void __launch_bounds__(select_threads)
   __shared__ select_smem s;
   const std::int32_t row = blockIdx.x, g = blockIdx.y;
   const std::int64_t L = p.tokens;
-  {
-    const std::int32_t H = p.heads;
-    const float* sc = scores + static_cast<std::int64_t>(row) * H * L;  // this sequence's [heads, tokens]
-    std::uint8_t* kp = keep + static_cast<std::int64_t>(row) * H * L;
-    for_each_in_group(p, g, H, [&](std::int32_t t, std::int32_t h) { kp[h * L + t] = is_forced(p, t) ? 1 : 0; });
-    __syncthreads();
-    // Safeguard: each head first keeps floor(alpha * budget) of its best tokens, whitelisted ones included.
-    std::int64_t pool = 0;
-    for (std::int32_t h = 0; h < H; ++h) {
-      const std::int64_t budget = p.budgets[h * p.groups + g];
-      const auto safe = static_cast<std::int64_t>(static_cast<double>(budget) * static_cast<double>(p.alpha));
-      const std::int64_t extra = safe - p.forced_per_group[g] > 0 ? safe - p.forced_per_group[g] : 0;
-      pool += budget - p.forced_per_group[g] - extra;
-      auto bits = [&](std::int32_t t, std::int32_t, std::uint32_t& out) {
-        if (is_forced(p, t)) return false;
-        out = fairkv::detail::order_bits(sc[h * L + t]);
-        return true;
-      };
-      const threshold th = block_select(s, p, g, 1, extra, bits);
-      block_mark(s, p, g, 1, th, bits, [&](std::int32_t t, std::int32_t) { kp[h * L + t] = 1; });
-      __syncthreads();
-    }
-    // The segment's remaining budget, summed over heads, goes to the best (head, token) pairs not kept yet;
-    // elements are visited as index t * heads + h, the CPU's tie order (lower token, then lower head).
-    auto pair_bits = [&](std::int32_t t, std::int32_t h, std::uint32_t& out) {
-      if (kp[h * L + t]) return false;
+  const std::int32_t H = p.heads;
+  const float* sc = scores + static_cast<std::int64_t>(row) * H * L;  // this sequence's [heads, tokens]
+  std::uint8_t* kp = keep + static_cast<std::int64_t>(row) * H * L;
+  for_each_in_group(p, g, H, [&](std::int32_t t, std::int32_t h) { kp[h * L + t] = is_forced(p, t) ? 1 : 0; });
+  __syncthreads();
+  // Safeguard: each head first keeps floor(alpha * budget) of its best tokens, whitelisted ones included.
+  std::int64_t pool = 0;
+  for (std::int32_t h = 0; h < H; ++h) {
+    const std::int64_t budget = p.budgets[h * p.groups + g];
+    const auto safe = static_cast<std::int64_t>(static_cast<double>(budget) * static_cast<double>(p.alpha));
+    const std::int64_t extra = safe - p.forced_per_group[g] > 0 ? safe - p.forced_per_group[g] : 0;
+    pool += budget - p.forced_per_group[g] - extra;
+    auto bits = [&](std::int32_t t, std::int32_t, std::uint32_t& out) {
+      if (is_forced(p, t)) return false;
       out = fairkv::detail::order_bits(sc[h * L + t]);
       return true;
     };
-    const threshold th = block_select(s, p, g, H, pool, pair_bits);
-    // Each element is tested once, in its own tile, before it is marked: marking in place is safe.
-    block_mark(s, p, g, H, th, pair_bits, [&](std::int32_t t, std::int32_t h) { kp[h * L + t] = 1; });
+    const threshold th = block_select(s, p, g, 1, extra, bits);
+    block_mark(s, p, g, 1, th, bits, [&](std::int32_t t, std::int32_t) { kp[h * L + t] = 1; });
+    __syncthreads();
   }
+  // The segment's remaining budget, summed over heads, goes to the best (head, token) pairs not kept yet;
+  // elements are visited as index t * heads + h, the CPU's tie order (lower token, then lower head).
+  auto pair_bits = [&](std::int32_t t, std::int32_t h, std::uint32_t& out) {
+    if (kp[h * L + t]) return false;
+    out = fairkv::detail::order_bits(sc[h * L + t]);
+    return true;
+  };
+  const threshold th = block_select(s, p, g, H, pool, pair_bits);
+  // Each element is tested once, in its own tile, before it is marked: marking in place is safe.
+  block_mark(s, p, g, H, th, pair_bits, [&](std::int32_t t, std::int32_t h) { kp[h * L + t] = 1; });
 }
-
 
 // The stable gather, in two launches so that a long row is spread over many blocks:
 // emit_count_kernel counts the kept tokens of every chunk of emit_chunk tokens, emit_write_kernel scans its

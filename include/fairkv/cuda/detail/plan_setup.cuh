@@ -117,12 +117,14 @@ template <class S, class A, class KeySource, class Q>
     // The CPU reports the first query position (in region order) that the inputs do not cover.
     if (g.rows > 0 && a.from_queries && g.row_begin - (L - in.queries.tokens) < 0)
       return result::error(status::missing_input,
-                           "scoring needs the query at position %lld but queries cover only the last %lld of %lld tokens",
+                           "scoring needs the query at position %lld but queries cover only the last %lld of %lld "
+                           "tokens",
                            static_cast<long long>(g.row_begin), static_cast<long long>(in.queries.tokens),
                            static_cast<long long>(L));
     if (g.rows > 0 && !a.from_queries && !a.column_sums && g.row_begin - (L - in.attention_rows) < 0)
       return result::error(status::missing_input,
-                           "scoring needs the attention row of position %lld but attention covers only the last %lld rows",
+                           "scoring needs the attention row of position %lld but attention covers only the last %lld "
+                           "rows",
                            static_cast<long long>(g.row_begin), static_cast<long long>(in.attention_rows));
   }
   a.total_rows = offset;
@@ -195,7 +197,8 @@ template <class S, class Sel, class A, class KeySource, class Q>
   const allocation_context ctx{n_keep,    heads, {sizes, G}, {forced_per_group, G}, {}, {scratch, 2 * G},
                                front::group_origins<S, A>({origin, segments.size()})};
   FAIRKV_TRY(front::allocate_budgets(pol.allocator, ctx, {budgets, static_cast<std::size_t>(heads) * G}));
-  for (std::size_t i = 0; i < static_cast<std::size_t>(heads) * G; ++i) p.budgets[i] = static_cast<std::int32_t>(budgets[i]);
+  for (std::size_t i = 0; i < static_cast<std::size_t>(heads) * G; ++i)
+    p.budgets[i] = static_cast<std::int32_t>(budgets[i]);
   for (std::size_t i = 0; i < G; ++i) p.forced_per_group[i] = static_cast<std::int32_t>(forced_per_group[i]);
   return {};
 }
