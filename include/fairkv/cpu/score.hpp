@@ -128,8 +128,9 @@ result attention_row(const layer_inputs<KeySource, Q>& in, std::int64_t b, std::
 // window size w, then avg_pool1d(kernel, stride 1, zero padding kernel/2, count_include_pad): the divisor is
 // always `kernel`. O(m) for any kernel (a sum per token would be O(m * kernel)): in blocks of `kernel` tokens, a
 // window of at most `kernel` tokens is a block suffix plus the next block's prefix (van Herk / Gil-Werman), so no
-// sum is ever subtracted and tiny attention next to large attention keeps its digits. Suffixes and prefixes are summed in double and stored as float. acc is overwritten (it ends
-// holding the prefixes); pooled is scratch of m floats (the suffixes).
+// sum is ever subtracted and tiny attention next to large attention keeps its digits. Suffixes and prefixes are
+// summed in double and stored as float. acc is overwritten (it ends holding the prefixes); pooled is scratch of m
+// floats (the suffixes).
 inline void add_pooled_window_mean(float* acc, std::int64_t m, std::int64_t w, std::int32_t kernel, float* pooled,
                                    float* out) {
   const std::int64_t k = kernel, half = k / 2;
@@ -165,6 +166,102 @@ inline void pad_with_max_plus_one(float* scores, std::int64_t ld, std::int64_t h
       scores[h * ld + t] = fairkv::detail::raised_by(pad, static_cast<std::uint32_t>(t - scored_end));
 }
 
+// The per-head scorers of score_region_head, one per attention statistic. Each writes row h of scores over the
+// region's scored keys; probs, acc, pooled and logits are the call's scratch (score_region_head carves them).
+struct head_scratch {
+  float* probs;   // [n]
+  float* acc;     // [n]
+  float* pooled;  // [n]
+  float* logits;  // a pass's scratch (detail/attention_gemm.hpp)
+};
+
+// TOVA's score is one mean over every query head. On the block path each KV head adds its group's attention into
+// its own row of scores (so heads can be parallel tasks) and finish_region sums the rows in head order: the
+// additions a single accumulator would make, in the same order. The row path runs whole in finish_region.
+template <class S, class KeySource, class Q>
+result score_last_attention_head(const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L,
+                                 std::int64_t rb, std::int64_t re, std::int64_t h, float* scores, std::int64_t ld,
+                                 const head_scratch& x) {
+  if (!gemm_attention(in)) return {};
+  const std::int64_t group = in.q_heads() / in.keys.heads;
+  const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, 0, false, false).scored;
+  float* row = scores + h * ld + rb;
+  std::fill(row, row + m, 0.f);
+  return add_query_rows(in, b, L, h, h * group, 1, re - 1, group, false, rb, in.softmax_scale(), row, m, x.logits);
+}
+
+// SnapKV: scored keys [rb, rb + m), the window's rows [re - w, re) (detail/plan_front/attention_geometry.hpp),
+// the window mean pooled, averaged over the KV head's query heads.
+template <class S, class KeySource, class Q>
+result score_window_attention_head(const S& scorer, const layer_inputs<KeySource, Q>& in, std::int64_t b,
+                                   std::int64_t L, std::int64_t rb, std::int64_t re, std::int64_t h, float* scores,
+                                   std::int64_t ld, const head_scratch& x) {
+  const std::int64_t group = in.q_heads() / in.keys.heads;
+  const float scale = in.softmax_scale();
+  const std::int64_t w = fairkv::detail::region_window(scorer, re - rb);
+  const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, w, false, false).scored;
+  float* row = scores + h * ld + rb;
+  if (w == 0) {  // a one-token region: nothing to attend from, the token is its own window
+    row[0] = 1.f;
+    return {};
+  }
+  std::fill(row, row + m, 0.f);
+  if (gemm_attention(in)) {
+    // The whole group in one pass over the keys; the window mean and the pooling are linear, so pooling the
+    // group's summed windows once is the sum of the per-head poolings (up to float rounding).
+    std::fill(x.acc, x.acc + m, 0.f);
+    FAIRKV_TRY(add_query_rows(in, b, L, h, h * group, group, re - w, w, true, rb, scale, x.acc, m, x.logits));
+    add_pooled_window_mean(x.acc, m, w, scorer.kernel, x.pooled, row);
+  } else {
+    for (std::int64_t g = 0; g < group; ++g) {
+      std::fill(x.acc, x.acc + m, 0.f);
+      for (std::int64_t p = re - w; p < re; ++p) {
+        FAIRKV_TRY(attention_row(in, b, L, h * group + g, group, p, rb, scale, x.probs));
+        for (std::int64_t t = 0; t < m; ++t) x.acc[t] += x.probs[t];
+      }
+      add_pooled_window_mean(x.acc, m, w, scorer.kernel, x.pooled, row);
+    }
+  }
+  for (std::int64_t t = 0; t < m; ++t) row[t] /= static_cast<float>(group);
+  return {};
+}
+
+// H2O: each key's attention summed over the region's queries that see it, divided by their number, averaged over
+// the KV head's query heads; from the queries, the attention rows, or the engine's column sums.
+template <class KeySource, class Q>
+result score_observed_attention_head(const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L,
+                                     std::int64_t rb, std::int64_t re, std::int64_t h, float* scores,
+                                     std::int64_t ld, const head_scratch& x) {
+  const std::int64_t qheads = in.q_heads(), group = qheads / in.keys.heads, n = re - rb;
+  const float scale = in.softmax_scale();
+  const bool from_queries = in.queries.data != nullptr || in.attention != nullptr;
+  float* row = scores + h * ld + rb;
+  std::fill(row, row + n, 0.f);
+  if (gemm_attention(in)) {  // the group's column sums in one call (a sum over every row of every head)
+    std::fill(x.acc, x.acc + n, 0.f);
+    FAIRKV_TRY(add_query_rows(in, b, L, h, h * group, group, rb, n, true, rb, scale, x.acc, n, x.logits));
+    for (std::int64_t t = 0; t < n; ++t) row[t] = x.acc[t] / static_cast<float>(re - (rb + t));
+  } else {
+    for (std::int64_t g = 0; g < group; ++g) {
+      const std::int64_t qh = h * group + g;
+      if (from_queries) {
+        std::fill(x.acc, x.acc + n, 0.f);
+        for (std::int64_t p = rb; p < re; ++p) {
+          FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, x.probs));
+          for (std::int64_t t = 0; t <= p - rb; ++t) x.acc[t] += x.probs[t];
+        }
+      } else {
+        const std::int64_t ldc = in.attention_ld != 0 ? in.attention_ld : L;
+        const float* col = in.attention_column_sums + (b * qheads + qh) * ldc;
+        for (std::int64_t t = 0; t < n; ++t) x.acc[t] = col[rb + t];
+      }
+      for (std::int64_t t = 0; t < n; ++t) row[t] += x.acc[t] / static_cast<float>(re - (rb + t));
+    }
+  }
+  for (std::int64_t t = 0; t < n; ++t) row[t] /= static_cast<float>(group);
+  return {};
+}
+
 // Scores of region [rb, re) of sequence b (length L) for KV head h: scores[h * ld + t], before the padding of the
 // window / anchor tokens (finish_region), which needs every head. Writes only row h; tmp must hold
 // scratch_floats<S>(re - rb) floats of this call's own.
@@ -172,8 +269,6 @@ template <class S, class KeySource, class Q>
 result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, std::int64_t b, std::int64_t L,
                          std::int64_t rb, std::int64_t re, std::int64_t h, float* scores, std::int64_t ld,
                          float* tmp) {
-  const std::int64_t heads = in.keys.heads;
-  const std::int64_t n = re - rb;
   if constexpr (S::source == score_source::position) {
     for (std::int64_t t = rb; t < re; ++t) scores[h * ld + t] = scorer(token_info{t, L, h, b});
     return {};
@@ -192,80 +287,16 @@ result score_region_head(const S& scorer, const layer_inputs<KeySource, Q>& in, 
     }
     return {};
   } else {
-    const std::int64_t qheads = in.q_heads();
-    const std::int64_t group = qheads / heads;
-    const float scale = in.softmax_scale();
-    float* probs = tmp;         // [n]
-    float* acc = tmp + n;       // [n]
-    float* pooled = tmp + 2 * n;  // [n]
-    float* logits = tmp + 3 * n;  // a pass's scratch (detail/attention_gemm.hpp)
-    const bool gemm = gemm_attention(in);
-    if constexpr (S::source == score_source::last_attention) {
-      // TOVA's score is one mean over every query head. On the block path each KV head adds its group's attention
-      // into its own row of scores (so heads can be parallel tasks) and finish_region sums the rows in head order:
-      // the additions a single accumulator would make, in the same order. The row path runs whole in finish_region.
-      if (!gemm) return {};
-      const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, 0, false, false).scored;
-      float* row = scores + h * ld + rb;
-      std::fill(row, row + m, 0.f);
-      return add_query_rows(in, b, L, h, h * group, 1, re - 1, group, false, rb, scale, row, m, logits);
-    } else if constexpr (S::source == score_source::window_attention) {
-      // Scored keys [rb, rb + m), the window's rows [re - w, re) (detail/plan_front/attention_geometry.hpp).
-      const std::int64_t w = fairkv::detail::region_window(scorer, n);
-      const std::int64_t m = fairkv::detail::attention_geometry<S>(rb, re, w, false, false).scored;
-      if (w == 0) {  // a one-token region: nothing to attend from, the token is its own window
-        scores[h * ld + rb] = 1.f;
-        return {};
-      }
-      for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] = 0.f;
-      if (gemm) {
-        // The whole group in one pass over the keys; the window mean and the pooling are linear, so pooling the
-        // group's summed windows once is the sum of the per-head poolings (up to float rounding).
-        std::fill(acc, acc + m, 0.f);
-        FAIRKV_TRY(add_query_rows(in, b, L, h, h * group, group, re - w, w, true, rb, scale, acc, m, logits));
-        add_pooled_window_mean(acc, m, w, scorer.kernel, pooled, scores + h * ld + rb);
-      } else {
-        for (std::int64_t g = 0; g < group; ++g) {
-          const std::int64_t qh = h * group + g;
-          std::fill(acc, acc + m, 0.f);
-          for (std::int64_t p = re - w; p < re; ++p) {
-            FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, probs));
-            for (std::int64_t t = 0; t < m; ++t) acc[t] += probs[t];
-          }
-          add_pooled_window_mean(acc, m, w, scorer.kernel, pooled, scores + h * ld + rb);
-        }
-      }
-      for (std::int64_t t = 0; t < m; ++t) scores[h * ld + rb + t] /= static_cast<float>(group);
-      return {};
-    } else if constexpr (S::source == score_source::observed_attention) {
-      const bool from_queries = in.queries.data != nullptr || in.attention != nullptr;
-      for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] = 0.f;
-      if (gemm) {  // the group's column sums in one call (a sum over every row of every head)
-        std::fill(acc, acc + n, 0.f);
-        FAIRKV_TRY(add_query_rows(in, b, L, h, h * group, group, rb, n, true, rb, scale, acc, n, logits));
-        for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] = acc[t] / static_cast<float>(re - (rb + t));
-      } else {
-        for (std::int64_t g = 0; g < group; ++g) {
-          const std::int64_t qh = h * group + g;
-          if (from_queries) {
-            std::fill(acc, acc + n, 0.f);
-            for (std::int64_t p = rb; p < re; ++p) {
-              FAIRKV_TRY(attention_row(in, b, L, qh, group, p, rb, scale, probs));
-              for (std::int64_t t = 0; t <= p - rb; ++t) acc[t] += probs[t];
-            }
-          } else {
-            const std::int64_t ldc = in.attention_ld != 0 ? in.attention_ld : L;
-            const float* col = in.attention_column_sums + (b * qheads + qh) * ldc;
-            for (std::int64_t t = 0; t < n; ++t) acc[t] = col[rb + t];
-          }
-          for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] += acc[t] / static_cast<float>(re - (rb + t));
-        }
-      }
-      for (std::int64_t t = 0; t < n; ++t) scores[h * ld + rb + t] /= static_cast<float>(group);
-      return {};
-    } else {
+    const std::int64_t n = re - rb;
+    const head_scratch x{tmp, tmp + n, tmp + 2 * n, tmp + 3 * n};
+    if constexpr (S::source == score_source::last_attention)
+      return score_last_attention_head<S>(in, b, L, rb, re, h, scores, ld, x);
+    else if constexpr (S::source == score_source::window_attention)
+      return score_window_attention_head(scorer, in, b, L, rb, re, h, scores, ld, x);
+    else if constexpr (S::source == score_source::observed_attention)
+      return score_observed_attention_head(in, b, L, rb, re, h, scores, ld, x);
+    else
       static_assert(dependent_false<S>, "fairkv::cpu: unknown score_source");
-    }
   }
 }
 

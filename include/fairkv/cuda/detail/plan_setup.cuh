@@ -131,6 +131,68 @@ template <class S, class A, class KeySource, class Q>
   return {};
 }
 
+// Groups and runs (and fair_paper's spans), and the split selection's slices per group. origin[i]: the caller's
+// index of the i-th segment in position order (the allocators' per-segment inputs follow the caller's order).
+template <class S, class A>
+void build_groups(std::span<const segment> segments, std::int64_t L, plan_params& p, attention_params& a,
+                  std::int32_t* origin) noexcept {
+  segment sorted[max_segments], widened[2];
+  fairkv::detail::sort_segments(segments, sorted, origin);
+  const std::span<const segment> in_order(sorted, segments.size());
+  if constexpr (fairkv::detail::is_paper_allocator_v<A>) {
+    a.paper = true;
+    a.spans = fairkv::detail::paper_spans_of(in_order);
+  }
+  const fairkv::detail::grouping g = fairkv::detail::build_runs(
+      fairkv::detail::grouping_segments<S, A>(in_order, L, widened), L, p.runs, p.sizes);
+  p.groups = static_cast<std::int32_t>(g.groups);
+  p.n_runs = static_cast<std::int32_t>(g.runs);
+  p.slice_begin[0] = 0;
+  for (std::int32_t i = 0; i < p.groups; ++i) p.slice_begin[i + 1] = p.slice_begin[i] + slices_of(p.sizes[i]);
+}
+
+// Forced tokens as a sorted list: the whitelist sorted first, so its insertions are appends.
+template <class A>
+[[nodiscard]] result build_forced(const A& allocator, std::span<const segment> segments,
+                                  std::span<const std::int32_t> whitelist, std::int64_t L, std::int64_t n_keep,
+                                  const keep_target& target, plan_params& p) noexcept {
+  std::int32_t wl[max_whitelist];
+  std::copy(whitelist.begin(), whitelist.end(), wl);
+  std::sort(wl, wl + whitelist.size());
+  std::int64_t n_forced = 0;
+  p.n_forced = 0;
+  auto insert = [&](std::int64_t t) {
+    std::int32_t* end = p.forced + p.n_forced;
+    std::int32_t* at = std::lower_bound(p.forced, end, static_cast<std::int32_t>(t));
+    if (at != end && *at == t) return false;
+    std::copy_backward(at, end, end + 1);
+    *at = static_cast<std::int32_t>(t);
+    ++p.n_forced;
+    return true;
+  };
+  // Every sequence of a kv_view has the same length, so the CPU would report sequence 0 first.
+  return fairkv::detail::force_tokens({wl, whitelist.size()}, fairkv::detail::protection_of(allocator), segments, L,
+                                      n_keep, 0, target, n_forced, insert);
+}
+
+// Budgets per (head, group), checked by the front end, and the forced tokens of each group.
+template <class S, class A>
+[[nodiscard]] result build_budgets(const A& allocator, std::int64_t heads, std::int64_t n_keep,
+                                   std::span<const std::int32_t> origin, plan_params& p) noexcept {
+  std::int64_t sizes[max_groups] = {}, forced_per_group[max_groups] = {}, scratch[2 * max_groups] = {};
+  std::int64_t budgets[max_budget_entries] = {};
+  for (std::int32_t i = 0; i < p.groups; ++i) sizes[i] = p.sizes[i];
+  for (std::int32_t i = 0; i < p.n_forced; ++i) ++forced_per_group[group_of(p, p.forced[i])];
+  const auto G = static_cast<std::size_t>(p.groups);
+  const allocation_context ctx{n_keep,    heads, {sizes, G}, {forced_per_group, G}, {}, {scratch, 2 * G},
+                               fairkv::detail::group_origins<S, A>(origin)};
+  FAIRKV_TRY(fairkv::detail::allocate_budgets(allocator, ctx, {budgets, static_cast<std::size_t>(heads) * G}));
+  for (std::size_t i = 0; i < static_cast<std::size_t>(heads) * G; ++i)
+    p.budgets[i] = static_cast<std::int32_t>(budgets[i]);
+  for (std::size_t i = 0; i < G; ++i) p.forced_per_group[i] = static_cast<std::int32_t>(forced_per_group[i]);
+  return {};
+}
+
 // The front end's steps for the one sequence length of a kv_view, into kernel parameters. `with_budgets` also
 // forces tokens and builds the checked budgets (the run; the size query, like the CPU's, does not look at the
 // whitelist budget).
@@ -142,65 +204,21 @@ template <class S, class Sel, class A, class KeySource, class Q>
   static_assert(is_dense_view_v<KeySource>,
                 "fairkv::cuda::plan: the keys must be a kv_view<const T> (contiguous or strided); paged keys are "
                 "not supported by the CUDA planner (compact() does support paged views)");
-  namespace front = fairkv::detail;
   std::int64_t min_tokens = 0, max_tokens = 0;  // dense views: one length for the whole batch
-  FAIRKV_TRY(front::validate_plan_request(pol, in, segments, whitelist, target, min_tokens, max_tokens));
+  FAIRKV_TRY(fairkv::detail::validate_plan_request(pol, in, segments, whitelist, target, min_tokens, max_tokens));
   FAIRKV_TRY(check_cuda_limits(pol, in, segments, whitelist));
   const std::int64_t heads = in.keys.heads, L = in.keys.tokens;
   p.batch = static_cast<std::int32_t>(in.keys.batch);
   p.heads = static_cast<std::int32_t>(heads);
   p.tokens = static_cast<std::int32_t>(L);
   if constexpr (Sel::kind == selection_kind::head_adaptive) p.alpha = pol.selector.alpha_safeguard;
-
-  // ---- groups and runs; the split selection's slices per group ----
-  segment sorted[max_segments], widened[2];
   std::int32_t origin[max_segments];
-  front::sort_segments(segments, sorted, origin);
-  const std::span<const segment> in_order(sorted, segments.size());
-  if constexpr (front::is_paper_allocator_v<A>) {
-    a.paper = true;
-    a.spans = front::paper_spans_of(in_order);
-  }
-  const front::grouping g = front::build_runs(front::grouping_segments<S, A>(in_order, L, widened), L, p.runs, p.sizes);
-  p.groups = static_cast<std::int32_t>(g.groups);
-  p.n_runs = static_cast<std::int32_t>(g.runs);
-  p.slice_begin[0] = 0;
-  for (std::int32_t i = 0; i < p.groups; ++i) p.slice_begin[i + 1] = p.slice_begin[i] + slices_of(p.sizes[i]);
+  build_groups<S, A>(segments, L, p, a, origin);
   if constexpr (is_attention_source(S::source)) FAIRKV_TRY((build_attention<S, A>(pol.scorer, in, p, a)));
   if (!with_budgets) return {};
-
-  // ---- forced tokens as a sorted list: the whitelist sorted first, so its insertions are appends ----
-  std::int32_t wl[max_whitelist];
-  std::copy(whitelist.begin(), whitelist.end(), wl);
-  std::sort(wl, wl + whitelist.size());
   const std::int64_t n_keep = target.n_keep(L);
-  std::int64_t n_forced = 0;
-  p.n_forced = 0;
-  // Every sequence of a kv_view has the same length, so the CPU would report sequence 0 first.
-  FAIRKV_TRY(front::force_tokens({wl, whitelist.size()}, front::protection_of(pol.allocator), segments, L, n_keep, 0,
-                                 target, n_forced, [&](std::int64_t t) {
-                                   std::int32_t* end = p.forced + p.n_forced;
-                                   std::int32_t* at = std::lower_bound(p.forced, end, static_cast<std::int32_t>(t));
-                                   if (at != end && *at == t) return false;
-                                   std::copy_backward(at, end, end + 1);
-                                   *at = static_cast<std::int32_t>(t);
-                                   ++p.n_forced;
-                                   return true;
-                                 }));
-
-  // ---- budgets per (head, group), checked by the front end ----
-  std::int64_t sizes[max_groups] = {}, forced_per_group[max_groups] = {}, scratch[2 * max_groups] = {};
-  std::int64_t budgets[max_budget_entries] = {};
-  for (std::int32_t i = 0; i < p.groups; ++i) sizes[i] = p.sizes[i];
-  for (std::int32_t i = 0; i < p.n_forced; ++i) ++forced_per_group[group_of(p, p.forced[i])];
-  const auto G = static_cast<std::size_t>(p.groups);
-  const allocation_context ctx{n_keep,    heads, {sizes, G}, {forced_per_group, G}, {}, {scratch, 2 * G},
-                               front::group_origins<S, A>({origin, segments.size()})};
-  FAIRKV_TRY(front::allocate_budgets(pol.allocator, ctx, {budgets, static_cast<std::size_t>(heads) * G}));
-  for (std::size_t i = 0; i < static_cast<std::size_t>(heads) * G; ++i)
-    p.budgets[i] = static_cast<std::int32_t>(budgets[i]);
-  for (std::size_t i = 0; i < G; ++i) p.forced_per_group[i] = static_cast<std::int32_t>(forced_per_group[i]);
-  return {};
+  FAIRKV_TRY(build_forced(pol.allocator, segments, whitelist, L, n_keep, target, p));
+  return build_budgets<S, A>(pol.allocator, heads, n_keep, {origin, segments.size()}, p);
 }
 
 }  // namespace fairkv::cuda::detail
