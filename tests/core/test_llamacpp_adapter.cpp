@@ -85,19 +85,32 @@ float f16_at(const std::vector<std::uint8_t>& b, std::size_t at) {
   return fairkv::to_float(h);
 }
 
-// K-norm, per head, uniform: the one policy these cases need, so the core suite does not instantiate dispatch's
-// 126. Records the key type it was handed (the adapter widens f16 keys to f32 where queries are bound).
-struct knorm_planner {
+// K-norm, per head, with allocator A: the policies these cases need, so the core suite does not instantiate
+// dispatch's 126. Records the inputs it was handed (the adapter widens f16 keys to f32 where queries are bound, and
+// slices them per head for compress_state_per_head).
+template <class A>
+struct knorm_planner_with {
+  struct call {
+    bool f32 = false;
+    const void* keys = nullptr;
+    std::int64_t heads = 0;
+    const float* queries = nullptr;
+    std::int64_t q_heads = 0;
+  };
   mutable int f16_calls = 0, f32_calls = 0;
+  mutable std::vector<call> calls;
   template <class Keys>
   fairkv::result operator()(const fairkv::policy_spec&, const fairkv::layer_inputs<Keys>& in,
                             std::span<const fairkv::segment> segments, std::span<const std::int32_t> whitelist,
                             fairkv::keep_target target, fairkv::keep_plan& out) const {
-    (std::is_same_v<Keys, fairkv::kv_view<const fairkv::half_t>> ? f16_calls : f32_calls) += 1;
-    const fairkv::policy<fairkv::scorers::knorm, fairkv::selectors::per_head, fairkv::allocators::uniform> pol{};
+    constexpr bool f16 = std::is_same_v<Keys, fairkv::kv_view<const fairkv::half_t>>;
+    (f16 ? f16_calls : f32_calls) += 1;
+    calls.push_back({!f16, in.keys.data, in.keys.heads, in.queries.data, in.queries.heads});
+    const fairkv::policy<fairkv::scorers::knorm, fairkv::selectors::per_head, A> pol{};
     return fairkv::cpu::plan(pol, in, segments, whitelist, target, out);
   }
 };
+using knorm_planner = knorm_planner_with<fairkv::allocators::uniform>;
 
 // Keeps 4 of 9 tokens in the first layer it plans and 7 in every later one.
 struct uneven_planner : knorm_planner {
@@ -318,4 +331,119 @@ TEST_CASE("llamacpp adapter: a bound query statistic hands the planner the keys 
   const lc::compression b = lc::compress_state(plain, s.shape(), knorm_request(0.5), no_stats, knorm_planner{});
   CHECK(a.kept == b.kept);
   CHECK(a.state == b.state);
+}
+
+TEST_CASE(
+    "llamacpp adapter: per-head planning equals whole layers when the heads' lists agree, and keeps each head's own") {
+  for (bool v_trans : {false, true}) {
+    CAPTURE(v_trans);
+    synthetic s;
+    s.v_trans = v_trans;
+    const std::vector<std::uint8_t> original = s.bytes();
+    const std::vector<std::int32_t> shared{2};
+    lc::request req = knorm_request(0.5);
+    req.policy.allocator = fairkv::allocator_kind::whitelist;
+    req.whitelist = shared;
+    using wl_planner = knorm_planner_with<fairkv::allocators::whitelist>;
+    std::vector<std::uint8_t> a = original, b = original;
+    const lc::compression whole = lc::compress_state(a, s.shape(), req, no_stats, wl_planner{});
+    wl_planner per;
+    const lc::compression heads = lc::compress_state_per_head(
+        b, s.shape(), req,
+        [&](int, int) {
+          return lc::head_request{{}, shared};
+        },
+        no_stats, per);
+    REQUIRE(whole.error == "");
+    REQUIRE(heads.error == "");
+    CHECK(per.calls.size() == std::size_t(s.layers * s.kvh));
+    for (const auto& c : per.calls) CHECK(c.heads == 1);
+    CHECK(heads.kept == whole.kept);
+    CHECK(heads.state == whole.state);
+
+    // Each head whitelists its own largest key (K-norm would evict it): every head keeps it, and otherwise the
+    // m - 1 smallest of the others.
+    std::vector<std::vector<std::int32_t>> own(std::size_t(s.layers * s.kvh));
+    for (int l = 0; l < s.layers; ++l)
+      for (int h = 0; h < s.kvh; ++h) {
+        int largest = 0;
+        for (int t = 1; t < s.n; ++t)
+          if (synthetic::key_value(l, h, t) > synthetic::key_value(l, h, largest)) largest = t;
+        own[std::size_t(l * s.kvh + h)] = {largest};
+      }
+    std::vector<std::uint8_t> c = original;
+    const lc::compression mine = lc::compress_state_per_head(
+        c, s.shape(), req,
+        [&](int l, int h) {
+          return lc::head_request{{}, own[std::size_t(l * s.kvh + h)]};
+        },
+        no_stats, wl_planner{});
+    REQUIRE(mine.error == "");
+    const int m = int(fairkv::keep_budget(s.n, 0.5));
+    for (int l = 0; l < s.layers; ++l)
+      for (int h = 0; h < s.kvh; ++h) {
+        const std::int32_t w = own[std::size_t(l * s.kvh + h)][0];
+        std::vector<int> others;
+        for (int t = 0; t < s.n; ++t)
+          if (t != w) others.push_back(t);
+        std::stable_sort(others.begin(), others.end(),
+                         [&](int x, int y) { return synthetic::key_value(l, h, x) < synthetic::key_value(l, h, y); });
+        std::vector<std::int32_t> want(others.begin(), others.begin() + (m - 1));
+        want.push_back(w);
+        std::sort(want.begin(), want.end());
+        CHECK(mine.kept[std::size_t(l)][std::size_t(h)] == want);
+        // Row i of head h in the written state is that head's i-th kept key (K rows: every head's slice moved alone).
+        const std::size_t data = 16 + 12 * std::size_t(m) + 8, row = s.row(), k_block = 12 + std::size_t(m) * row;
+        for (int i = 0; i < m; ++i)
+          CHECK(f16_at(mine.state, data + std::size_t(l) * k_block + 12 + std::size_t(i) * row +
+                                       std::size_t(h * s.hd) * 2) == synthetic::key_value(l, h, want[std::size_t(i)]));
+      }
+  }
+}
+
+TEST_CASE("llamacpp adapter: per-head planning slices each head's query statistics; its refusals leave the bytes") {
+  synthetic s;
+  const std::vector<std::uint8_t> original = s.bytes();
+  const int n_head = 4, group = n_head / s.kvh;  // GQA: two query heads per KV head
+  const std::vector<float> q(std::size_t(s.n * n_head * s.hd), 0.25f);
+  auto queries = [&](int, std::int64_t, lc::attention_statistics& out) {
+    out = lc::query_rows{q, n_head};
+    return std::string();
+  };
+  auto same = [](int, int) { return lc::head_request{}; };
+  std::vector<std::uint8_t> bytes = original;
+  knorm_planner planner;
+  const lc::compression c = lc::compress_state_per_head(bytes, s.shape(), knorm_request(0.5), same, queries, planner);
+  REQUIRE(c.error == "");
+  REQUIRE(planner.calls.size() == std::size_t(s.layers * s.kvh));
+  for (std::size_t i = 0; i < planner.calls.size(); ++i) {
+    const auto& call = planner.calls[i];
+    const int h = int(i) % s.kvh;
+    CHECK(call.f32);
+    CHECK(call.heads == 1);
+    CHECK(call.q_heads == group);
+    CHECK(call.queries == q.data() + std::size_t(h * group * s.hd));  // llama.cpp's Q row: head-major within a row
+    if (h > 0)
+      CHECK(static_cast<const float*>(call.keys) - static_cast<const float*>(planner.calls[i - 1].keys) == s.hd);
+  }
+  std::vector<std::uint8_t> plain = original;
+  CHECK(lc::compress_state(plain, s.shape(), knorm_request(0.5), no_stats, knorm_planner{}).kept == c.kept);
+
+  lc::request u = knorm_request(0.5);
+  u.policy.selector = fairkv::selection_kind::union_heads;
+  bytes = original;
+  CHECK(lc::compress_state_per_head(bytes, s.shape(), u, same, no_stats, planner).error.find("selector union_heads") ==
+        0);
+  CHECK(bytes == original);
+  const std::vector<std::int32_t> outside{s.n};
+  auto bad_last = [&](int l, int h) {
+    return l == s.layers - 1 && h == s.kvh - 1 ? lc::head_request{{}, outside} : lc::head_request{};
+  };
+  lc::request wl = knorm_request(0.5);
+  wl.policy.allocator = fairkv::allocator_kind::whitelist;
+  const std::string e = lc::compress_state_per_head(bytes, s.shape(), wl, bad_last, no_stats,
+                                                    knorm_planner_with<fairkv::allocators::whitelist>{})
+                            .error;
+  CHECK(e.find("fairkv plan (layer 1 head 1): whitelist[0] = 9 is outside the cache of 9 tokens") == 0);
+  CHECK(bytes == original);
 }

@@ -43,6 +43,12 @@ struct request {
   float scale = 0.0f;  // softmax scale where attention is recomputed from queries; 0: 1 / sqrt(head_dim)
 };
 
+// One (layer, KV head)'s own segments and whitelist, in the cell ranks of the state (compress_state_per_head).
+struct head_request {
+  std::span<const segment> segments;
+  std::span<const std::int32_t> whitelist;
+};
+
 struct compression {
   std::string error;                // empty on success; else nothing below is meaningful
   std::vector<std::uint8_t> state;  // the state to load: only the kept cells
@@ -94,12 +100,32 @@ inline std::string check_request(const seq_state& st, const state_shape& shape, 
   return {};
 }
 
-// Plans layer l into `plan`. Attention recomputed from the queries runs fairkv's register-tiled GEMM over f32
-// keys, so the layer's f16 keys are widened once (n x row conversions) rather than in the innermost loop.
-template <class Statistics, class Planner>
+// Heads [h0, h0 + nh) of a layer's inputs: the KV heads' keys, their query heads' statistics.
+template <class K>
+[[nodiscard]] layer_inputs<K> slice_heads(const layer_inputs<K>& in, std::int64_t h0, std::int64_t nh) {
+  layer_inputs<K> s = in;
+  const std::int64_t group = in.q_heads() / in.keys.heads, q0 = h0 * group;
+  const std::int64_t ld = in.attention_ld != 0 ? in.attention_ld : in.keys.tokens;
+  s.keys.data = in.keys.data + h0 * in.keys.stride_head;
+  s.keys.heads = nh;
+  if (in.queries.data != nullptr)
+    s.queries.data = in.queries.data + q0 * in.queries.stride_head, s.queries.heads = nh * group;
+  if (in.attention != nullptr) s.attention = in.attention + q0 * in.attention_rows * ld;
+  if (in.attention_column_sums != nullptr) s.attention_column_sums = in.attention_column_sums + q0 * ld;
+  if (in.attention_local_column_sums != nullptr)
+    s.attention_local_column_sums = in.attention_local_column_sums + q0 * ld;
+  if (in.attention_q_heads != 0) s.attention_q_heads = nh * group;
+  return s;
+}
+
+// Plans layer l: the whole layer into plans[0] with req's segments and whitelist, or (per_head) each KV head h into
+// plans[h] with head_request_of(l, h)'s. Attention recomputed from the queries runs fairkv's register-tiled GEMM
+// over f32 keys, so the layer's f16 keys are widened once (n x row conversions) rather than in the innermost loop.
+template <class HeadRequests, class Statistics, class Planner>
 std::string plan_layer(const seq_state& st, const std::uint8_t* base, int l, const state_shape& shape,
-                       const request& req, const policy_spec& spec, Statistics& statistics_of, const Planner& planner,
-                       std::vector<float>& keys_f32, keep_plan& plan, const char*& used) {
+                       const request& req, const policy_spec& spec, bool per_head, HeadRequests& head_request_of,
+                       Statistics& statistics_of, const Planner& planner, std::vector<float>& keys_f32,
+                       std::span<keep_plan> plans, const char*& used) {
   const std::int64_t n = st.cell_count, hd = shape.head_dim, kvh = shape.n_head_kv, row = kvh * hd;
   // K rows [cells][kv_heads * hd]; the offsets are even (every field before them is 4 or 8 bytes), so the f16 data
   // is 2-byte aligned inside the buffer.
@@ -112,25 +138,40 @@ std::string plan_layer(const seq_state& st, const std::uint8_t* base, int l, con
   if (std::string e = llamacpp::bind_statistics(stats, n, hd, in); !e.empty())
     return "layer " + std::to_string(l) + ": " + e;
   used = llamacpp::name_of(stats);
-  result r;
-  if (std::holds_alternative<query_rows>(stats)) {
+  const bool widen = std::holds_alternative<query_rows>(stats);
+  f32_layer_inputs wide{};
+  if (widen) {
     keys_f32.resize(std::size_t(n * row));
     for (std::int64_t i = 0; i < n * row; ++i) keys_f32[std::size_t(i)] = to_float(keys.data[i]);
-    f32_layer_inputs wide = keys_only(kv_view<const float>{keys_f32.data(), 1, kvh, n, hd, 0, hd, row, 1});
+    wide = keys_only(kv_view<const float>{keys_f32.data(), 1, kvh, n, hd, 0, hd, row, 1});
     wide.queries = in.queries;
     wide.scale = in.scale;
-    r = planner(spec, wide, req.segments, req.whitelist, req.target, plan);
-  } else {
-    r = planner(spec, in, req.segments, req.whitelist, req.target, plan);
   }
-  if (!r.ok()) return "fairkv plan (layer " + std::to_string(l) + "): " + r.message();
+  auto plan = [&](const auto& inputs, std::span<const segment> segments, std::span<const std::int32_t> whitelist,
+                  keep_plan& out) -> std::string {
+    const result r = planner(spec, inputs, segments, whitelist, req.target, out);
+    return r.ok() ? std::string() : std::string(r.message());
+  };
+  if (!per_head) {
+    const std::string e =
+        widen ? plan(wide, req.segments, req.whitelist, plans[0]) : plan(in, req.segments, req.whitelist, plans[0]);
+    return e.empty() ? e : "fairkv plan (layer " + std::to_string(l) + "): " + e;
+  }
+  for (std::int64_t h = 0; h < kvh; ++h) {
+    const head_request hr = head_request_of(l, int(h));
+    const std::string e = widen ? plan(slice_heads(wide, h, 1), hr.segments, hr.whitelist, plans[std::size_t(h)])
+                                : plan(slice_heads(in, h, 1), hr.segments, hr.whitelist, plans[std::size_t(h)]);
+    if (!e.empty()) return "fairkv plan (layer " + std::to_string(l) + " head " + std::to_string(h) + "): " + e;
+  }
   return {};
 }
 
-// Every layer and head must keep layer 0 head 0's count m (llama.cpp's cells are shared).
-inline std::string check_shared_count(const keep_plan& plan, int l, int n_head_kv, std::uint32_t& m) {
+// Every layer and head must keep layer 0 head 0's count m (llama.cpp's cells are shared). plans: the layer's one
+// plan of every head, or one one-head plan per head.
+inline std::string check_shared_count(std::span<const keep_plan> plans, int l, int n_head_kv, std::uint32_t& m) {
   for (int h = 0; h < n_head_kv; ++h) {
-    const auto c = std::uint32_t(plan.count(0, h));
+    const keep_plan& p = plans.size() == 1 ? plans[0] : plans[std::size_t(h)];
+    const auto c = std::uint32_t(p.count(0, plans.size() == 1 ? h : 0));
     if (l == 0 && h == 0) m = c;
     if (c != m)
       return "layer " + std::to_string(l) + " head " + std::to_string(h) + " keeps " + std::to_string(c) +
@@ -138,6 +179,85 @@ inline std::string check_shared_count(const keep_plan& plan, int l, int n_head_k
              ": llama.cpp's shared cells need one count for every layer and head";
   }
   return {};
+}
+
+// compress_state and compress_state_per_head: per_head plans and compacts every (layer, KV head) on its own.
+template <class HeadRequests, class Statistics, class Planner>
+[[nodiscard]] compression compress(std::vector<std::uint8_t>& bytes, const state_shape& shape, const request& req,
+                                   bool per_head, HeadRequests& head_request_of, Statistics& statistics_of,
+                                   const Planner& planner) {
+  using clock = std::chrono::steady_clock;
+  compression out;
+  auto t0 = clock::now();
+  seq_state st;
+  if (std::string e = parse_seq_state(bytes, shape.expect, st); !e.empty()) {
+    out.error = "llama.cpp sequence state: " + e;
+    return out;
+  }
+  out.parse_ms = ms_since(t0);
+  if (std::string e = check_request(st, shape, req); !e.empty()) {
+    out.error = e;
+    return out;
+  }
+  if (per_head && req.policy.selector == selection_kind::union_heads) {
+    out.error = "selector union_heads keeps the same tokens in every head: compress whole layers (compress_state)";
+    return out;
+  }
+  out.cells_before = st.cell_count;
+  out.v_trans = st.v_trans;
+  const std::int64_t n = st.cell_count, hd = shape.head_dim, kvh = shape.n_head_kv, row = kvh * hd;
+  const int n_layers = int(st.n_layer);
+  const std::size_t units = per_head ? std::size_t(kvh) : 1;  // plans per layer
+  t0 = clock::now();
+  policy_spec spec = req.policy;
+  spec.window = out.window_used = int(std::max<std::int64_t>(1, std::min<std::int64_t>(spec.window, n - 1)));
+  std::vector<keep_plan> plans(std::size_t(n_layers) * units);
+  std::vector<float> keys_f32;
+  std::uint32_t m = 0;
+  for (int l = 0; l < n_layers; ++l) {
+    const std::span<keep_plan> layer_plans(plans.data() + std::size_t(l) * units, units);
+    std::string e = plan_layer(st, bytes.data(), l, shape, req, spec, per_head, head_request_of, statistics_of, planner,
+                               keys_f32, layer_plans, out.statistics);
+    if (e.empty()) e = check_shared_count(layer_plans, l, shape.n_head_kv, m);
+    if (!e.empty()) {
+      out.error = e;
+      return out;
+    }
+  }
+  if (m == 0) {
+    out.error = "the plan keeps no token; llama.cpp cannot hold an empty sequence state";
+    return out;
+  }
+  auto* base = reinterpret_cast<half_t*>(bytes.data());
+  out.kept.assign(std::size_t(n_layers), std::vector<std::vector<std::int32_t>>(std::size_t(kvh)));
+  for (int l = 0; l < n_layers; ++l)
+    for (std::size_t u = 0; u < units; ++u) {
+      const layer_block& lb = st.layers[std::size_t(l)];
+      const std::int64_t h0 = std::int64_t(u), nh = per_head ? 1 : kvh;
+      kv_view<half_t> keys{base + lb.k_offset / 2 + h0 * hd, 1, nh, n, hd, 0, hd, row, 1};
+      // V rows like K, or V^T [kv_heads * hd][cells] (flash attention off): element (h, t, d) at (h hd + d) n + t.
+      kv_view<half_t> values =
+          st.v_trans ? kv_view<half_t>{base + lb.v_offset / 2 + h0 * hd * n, 1, nh, n, hd, 0, hd * n, 1, n}
+                     : kv_view<half_t>{base + lb.v_offset / 2 + h0 * hd, 1, nh, n, hd, 0, hd, row, 1};
+      const keep_plan& plan = plans[std::size_t(l) * units + u];
+      if (const result c = cpu::compact(plan.view(), keys, values); !c.ok()) {
+        out.error = "fairkv compact (layer " + std::to_string(l) + "): " + c.message();
+        return out;
+      }
+      for (std::int64_t h = 0; h < nh; ++h) {
+        const auto k = plan.kept(0, h);
+        out.kept[std::size_t(l)][std::size_t(h0 + h)].assign(k.begin(), k.end());
+      }
+    }
+  out.plan_ms = ms_since(t0);
+  t0 = clock::now();
+  std::vector<std::int32_t> positions(m);
+  const std::int32_t last = st.pos.back();
+  for (std::uint32_t i = 0; i < m; ++i) positions[i] = last - std::int32_t(m) + 1 + std::int32_t(i);
+  out.state = write_seq_state(bytes, st, m, positions);
+  out.cells_after = m;
+  out.write_ms = ms_since(t0);
+  return out;
 }
 
 }  // namespace detail
@@ -150,68 +270,21 @@ inline std::string check_shared_count(const keep_plan& plan, int l, int n_head_k
 template <class Statistics, class Planner = inline_planner<>>
 [[nodiscard]] compression compress_state(std::vector<std::uint8_t>& bytes, const state_shape& shape, const request& req,
                                          Statistics&& statistics_of, const Planner& planner = {}) {
-  using clock = std::chrono::steady_clock;
-  compression out;
-  auto t0 = clock::now();
-  seq_state st;
-  if (std::string e = parse_seq_state(bytes, shape.expect, st); !e.empty()) {
-    out.error = "llama.cpp sequence state: " + e;
-    return out;
-  }
-  out.parse_ms = detail::ms_since(t0);
-  if (std::string e = detail::check_request(st, shape, req); !e.empty()) {
-    out.error = e;
-    return out;
-  }
-  out.cells_before = st.cell_count;
-  out.v_trans = st.v_trans;
-  const std::int64_t n = st.cell_count, hd = shape.head_dim, kvh = shape.n_head_kv, row = kvh * hd;
-  const int n_layers = int(st.n_layer);
-  t0 = clock::now();
-  policy_spec spec = req.policy;
-  spec.window = out.window_used = int(std::max<std::int64_t>(1, std::min<std::int64_t>(spec.window, n - 1)));
-  std::vector<keep_plan> plans(static_cast<std::size_t>(n_layers));
-  std::vector<float> keys_f32;
-  std::uint32_t m = 0;
-  for (int l = 0; l < n_layers; ++l) {
-    std::string e = detail::plan_layer(st, bytes.data(), l, shape, req, spec, statistics_of, planner, keys_f32,
-                                       plans[std::size_t(l)], out.statistics);
-    if (e.empty()) e = detail::check_shared_count(plans[std::size_t(l)], l, shape.n_head_kv, m);
-    if (!e.empty()) {
-      out.error = e;
-      return out;
-    }
-  }
-  if (m == 0) {
-    out.error = "the plan keeps no token; llama.cpp cannot hold an empty sequence state";
-    return out;
-  }
-  auto* base = reinterpret_cast<half_t*>(bytes.data());
-  out.kept.assign(std::size_t(n_layers), std::vector<std::vector<std::int32_t>>(std::size_t(kvh)));
-  for (int l = 0; l < n_layers; ++l) {
-    const layer_block& lb = st.layers[std::size_t(l)];
-    kv_view<half_t> keys{base + lb.k_offset / 2, 1, kvh, n, hd, 0, hd, row, 1};
-    // V rows like K, or V^T [kv_heads * hd][cells] (flash attention off): element (h, t, d) at (h hd + d) n + t.
-    kv_view<half_t> values = st.v_trans ? kv_view<half_t>{base + lb.v_offset / 2, 1, kvh, n, hd, 0, hd * n, 1, n}
-                                        : kv_view<half_t>{base + lb.v_offset / 2, 1, kvh, n, hd, 0, hd, row, 1};
-    if (const result c = cpu::compact(plans[std::size_t(l)].view(), keys, values); !c.ok()) {
-      out.error = "fairkv compact (layer " + std::to_string(l) + "): " + c.message();
-      return out;
-    }
-    for (int h = 0; h < kvh; ++h) {
-      const auto k = plans[std::size_t(l)].kept(0, h);
-      out.kept[std::size_t(l)][std::size_t(h)].assign(k.begin(), k.end());
-    }
-  }
-  out.plan_ms = detail::ms_since(t0);
-  t0 = clock::now();
-  std::vector<std::int32_t> positions(m);
-  const std::int32_t last = st.pos.back();
-  for (std::uint32_t i = 0; i < m; ++i) positions[i] = last - std::int32_t(m) + 1 + std::int32_t(i);
-  out.state = write_seq_state(bytes, st, m, positions);
-  out.cells_after = m;
-  out.write_ms = detail::ms_since(t0);
-  return out;
+  auto unused = [](int, int) { return head_request{}; };
+  return detail::compress(bytes, shape, req, false, unused, statistics_of, planner);
+}
+
+// compress_state with every (layer, KV head) planned on its own, with the segments and whitelist
+// head_request_of(int layer, int head) -> head_request gives it (req.segments and req.whitelist are not read). A
+// sequence compacted more than once needs it: per-head selection keeps different tokens in every head, so after a
+// compaction each head's segments and whitelist are its own (fairkv::remap_segments through its row of the plan).
+// Every head keeps req.target's count, as llama.cpp's shared cells require; union_heads is refused (its heads keep
+// the same tokens, so their lists stay equal: compress_state).
+template <class HeadRequests, class Statistics, class Planner = inline_planner<>>
+[[nodiscard]] compression compress_state_per_head(std::vector<std::uint8_t>& bytes, const state_shape& shape,
+                                                  const request& req, HeadRequests&& head_request_of,
+                                                  Statistics&& statistics_of, const Planner& planner = {}) {
+  return detail::compress(bytes, shape, req, true, head_request_of, statistics_of, planner);
 }
 
 }  // namespace fairkv::llamacpp
