@@ -15,6 +15,7 @@
 #include "fairkv/llamacpp/attention_statistics.hpp"
 #include "fairkv/llamacpp/compress_state.hpp"
 #include "fairkv/policy.hpp"
+#include "fairkv/remap.hpp"
 #include "fairkv/scorers/knorm.hpp"
 #include "fairkv/selectors/per_head.hpp"
 
@@ -392,6 +393,20 @@ TEST_CASE(
         want.push_back(w);
         std::sort(want.begin(), want.end());
         CHECK(mine.kept[std::size_t(l)][std::size_t(h)] == want);
+        // head_plan carries the head's lists to the compressed cells: the whitelisted token's new index is its rank
+        // among the kept, and segment [0, 5) becomes the kept tokens below 5.
+        std::vector<std::int32_t> wl_after;
+        std::vector<fairkv::segment> seg_after;
+        fairkv::remap_counts counts;
+        const std::vector<fairkv::segment> first_five{{0, 5}};
+        REQUIRE(fairkv::remap_whitelist(mine.head_plan(l, h), 0, own[std::size_t(l * s.kvh + h)], wl_after, counts, 0));
+        REQUIRE(fairkv::remap_segments(mine.head_plan(l, h), 0, first_five, seg_after, counts, 0));
+        CHECK(wl_after ==
+              std::vector<std::int32_t>{std::int32_t(std::lower_bound(want.begin(), want.end(), w) - want.begin())});
+        const auto below_five = std::count_if(want.begin(), want.end(), [](std::int32_t t) { return t < 5; });
+        REQUIRE(seg_after.size() == 1);
+        CHECK(seg_after[0].begin == 0);
+        CHECK(seg_after[0].end == below_five);
         // Row i of head h in the written state is that head's i-th kept key (K rows: every head's slice moved alone).
         const std::size_t data = 16 + 12 * std::size_t(m) + 8, row = s.row(), k_block = 12 + std::size_t(m) * row;
         for (int i = 0; i < m; ++i)

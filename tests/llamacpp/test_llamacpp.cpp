@@ -509,3 +509,69 @@ TEST_CASE("llamacpp: fairkv::llamacpp::compress_sequence, with the library's typ
     CHECK(!p.answer(attack).second.empty());
   }
 }
+
+TEST_CASE("llamacpp: two compactions with a turn between them, each head's segments remapped (the budgeted chat's bookkeeping)") {
+  const std::string path = model_path();
+  if (skip_without_model(path, "two compactions")) return;
+  prefilled p(path, 1, config("knorm", 0.5, "per_head", true), defended_system);
+  llama_context* ctx = p.eng.ctx();
+  const llama_seq_id seq = p.eng.main().id();
+  const int n = p.n_sys(), L = p.eng.n_layer(), kvh = p.eng.n_head_kv();
+  const fairkv::llamacpp::state_shape shape = fairkv::llamacpp::shape_of(ctx, false);
+  const llamacpp::compiled_planner planner;
+  auto no_attention = [](int, std::int64_t, fairkv::llamacpp::attention_statistics&) { return std::string(); };
+  fairkv::policy_spec spec;
+  spec.scorer = fairkv::scorer_kind::knorm;
+  spec.allocator = fairkv::allocator_kind::fair;
+  // Each (layer, head)'s own segment list, in the cells of the state being compressed.
+  std::vector<std::vector<fairkv::segment>> lists(std::size_t(L * kvh), p.cfg.compress.segments);
+  auto lists_of = [&](int l, int h) { return fairkv::llamacpp::head_request{lists[std::size_t(l * kvh + h)], {}}; };
+  // After a compaction: every head's segments through its own row; each keeps exactly the tokens it kept inside
+  // the old bounds.
+  auto remap_all = [&](const fairkv::llamacpp::compression& c) {
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < kvh; ++h) {
+        std::vector<fairkv::segment>& list = lists[std::size_t(l * kvh + h)];
+        std::vector<fairkv::segment> after;
+        fairkv::remap_counts counts;
+        REQUIRE(fairkv::remap_segments(c.head_plan(l, h), 0, list, after, counts, 0));
+        REQUIRE(after.size() == list.size());  // fair keeps every segment something
+        const std::vector<int32_t>& kept = c.kept[std::size_t(l)][std::size_t(h)];
+        for (std::size_t i = 0; i < list.size(); ++i) {
+          const auto inside = std::count_if(kept.begin(), kept.end(),
+                                            [&](int32_t t) { return t >= list[i].begin && t < list[i].end; });
+          CHECK(after[i].end - after[i].begin == inside);
+        }
+        list = after;
+      }
+  };
+
+  const std::int64_t budget1 = n - 12;
+  const fairkv::llamacpp::compression c1 = fairkv::llamacpp::compress_sequence_per_head(
+      ctx, seq, shape, {spec, {}, {}, fairkv::keep_target::of_tokens(budget1)}, lists_of, no_attention, planner);
+  REQUIRE(c1.error == "");
+  CHECK(c1.cells_after == std::uint32_t(budget1));
+  bool heads_differ = false;  // per-head selection: the reason the lists are per head
+  for (int l = 0; l < L; ++l) heads_differ = heads_differ || c1.kept[std::size_t(l)][0] != c1.kept[std::size_t(l)][1];
+  CHECK(heads_differ);
+  remap_all(c1);
+
+  // A user turn appended after the compressed system turn: a new segment in every head's list.
+  const std::vector<llama_token> turn = llamacpp::encode_turn(p.eng, "user", attack, true).tokens.ids;
+  p.eng.feed(turn);
+  llama_memory_t mem = llama_get_memory(ctx);
+  CHECK(llama_memory_seq_pos_max(mem, seq) == n - 1 + int(turn.size()));
+  const int cells = int(budget1) + int(turn.size());
+  for (std::vector<fairkv::segment>& list : lists) list.push_back({int(budget1), cells});
+
+  const std::int64_t budget2 = cells - 10;
+  const fairkv::llamacpp::compression c2 = fairkv::llamacpp::compress_sequence_per_head(
+      ctx, seq, shape, {spec, {}, {}, fairkv::keep_target::of_tokens(budget2)}, lists_of, no_attention, planner);
+  REQUIRE(c2.error == "");
+  CHECK(c2.cells_before == std::uint32_t(cells));
+  CHECK(c2.cells_after == std::uint32_t(budget2));
+  remap_all(c2);
+  CHECK(llama_memory_seq_pos_min(mem, seq) == n + int(turn.size()) - int(budget2));
+  CHECK(llama_memory_seq_pos_max(mem, seq) == n - 1 + int(turn.size()));
+  CHECK(!p.eng.detokenize(p.eng.generate(6)).empty());  // the conversation goes on from the compressed cache
+}

@@ -58,6 +58,15 @@ struct compression {
   const char* statistics = no_statistics::name;  // what the attention scorer read (attention_statistics' names)
   std::vector<std::vector<std::vector<std::int32_t>>> kept;  // [layer][kv head]: kept token indices, ascending
   double parse_ms = 0, plan_ms = 0, write_ms = 0;
+  std::int32_t plan_count = 0, plan_length = 0;  // cells after and before, as head_plan's view reads them
+
+  // What (layer, head) kept, as the one-sequence, one-head plan fairkv::remap_segments and remap_whitelist take
+  // (sequence 0, head 0): how a caller carries that head's segments and whitelist over to the compressed state.
+  // Valid while this compression lives unchanged.
+  [[nodiscard]] const_keep_plan_view head_plan(int layer, int head) const noexcept {
+    const std::vector<std::int32_t>& k = kept[std::size_t(layer)][std::size_t(head)];
+    return {k.data(), &plan_count, &plan_length, 1, 1, plan_length, nullptr};
+  }
 };
 
 using f16_layer_inputs = layer_inputs<kv_view<const half_t>>;
@@ -256,6 +265,8 @@ template <class HeadRequests, class Statistics, class Planner>
   for (std::uint32_t i = 0; i < m; ++i) positions[i] = last - std::int32_t(m) + 1 + std::int32_t(i);
   out.state = write_seq_state(bytes, st, m, positions);
   out.cells_after = m;
+  out.plan_count = std::int32_t(m);
+  out.plan_length = std::int32_t(n);
   out.write_ms = ms_since(t0);
   return out;
 }

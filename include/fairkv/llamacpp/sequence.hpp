@@ -48,14 +48,12 @@ inline std::string model_meta(const llama_model* model, const std::string& key) 
   return s;
 }
 
-// Compresses sequence `seq` of `ctx` in place for `req` (statistics_of and planner as compress_state takes them).
-// On any failure the sequence holds what it held before (llama.cpp empties a sequence whose load fails; the
-// original state is then loaded back) and `error` says why. The round trip holds the state twice (the original
-// and the compressed copy) during the call.
-template <class Statistics, class Planner = inline_planner<>>
-[[nodiscard]] compression compress_sequence(llama_context* ctx, llama_seq_id seq, const state_shape& shape,
-                                            const request& req, Statistics&& statistics_of,
-                                            const Planner& planner = {}) {
+namespace detail {
+
+// Reads sequence seq's state, compresses a copy with compress(bytes) -> compression, and loads the result in its
+// place; on any failure the sequence holds what it held.
+template <class Compress>
+[[nodiscard]] compression round_trip(llama_context* ctx, llama_seq_id seq, Compress&& compress) {
   compression out;
   std::vector<std::uint8_t> original(llama_state_seq_get_size(ctx, seq));
   if (original.empty() || llama_state_seq_get_data(ctx, original.data(), original.size(), seq) != original.size()) {
@@ -63,7 +61,7 @@ template <class Statistics, class Planner = inline_planner<>>
     return out;
   }
   std::vector<std::uint8_t> work = original;
-  out = compress_state(work, shape, req, std::forward<Statistics>(statistics_of), planner);
+  out = compress(work);
   if (!out.error.empty()) return out;
   llama_memory_t mem = llama_get_memory(ctx);
   llama_memory_seq_rm(mem, seq, -1, -1);
@@ -74,6 +72,32 @@ template <class Statistics, class Planner = inline_planner<>>
               (restored ? "the sequence was restored" : "restoring the original failed too: the sequence is empty");
   out.state.clear();
   return out;
+}
+
+}  // namespace detail
+
+// Compresses sequence `seq` of `ctx` in place for `req` (statistics_of and planner as compress_state takes them).
+// On any failure the sequence holds what it held before (llama.cpp empties a sequence whose load fails; the
+// original state is then loaded back) and `error` says why. The round trip holds the state twice (the original
+// and the compressed copy) during the call.
+template <class Statistics, class Planner = inline_planner<>>
+[[nodiscard]] compression compress_sequence(llama_context* ctx, llama_seq_id seq, const state_shape& shape,
+                                            const request& req, Statistics&& statistics_of,
+                                            const Planner& planner = {}) {
+  return detail::round_trip(ctx, seq, [&](std::vector<std::uint8_t>& bytes) {
+    return compress_state(bytes, shape, req, statistics_of, planner);
+  });
+}
+
+// The same with every (layer, KV head) planned on its own lists (compress_state_per_head): a sequence compressed
+// again after earlier compactions, each head's segments and whitelist remapped through compression::head_plan.
+template <class HeadRequests, class Statistics, class Planner = inline_planner<>>
+[[nodiscard]] compression compress_sequence_per_head(llama_context* ctx, llama_seq_id seq, const state_shape& shape,
+                                                     const request& req, HeadRequests&& head_request_of,
+                                                     Statistics&& statistics_of, const Planner& planner = {}) {
+  return detail::round_trip(ctx, seq, [&](std::vector<std::uint8_t>& bytes) {
+    return compress_state_per_head(bytes, shape, req, head_request_of, statistics_of, planner);
+  });
 }
 
 }  // namespace fairkv::llamacpp
