@@ -62,7 +62,7 @@ struct compression {
 
   // What (layer, head) kept, as the one-sequence, one-head plan fairkv::remap_segments and remap_whitelist take
   // (sequence 0, head 0): how a caller carries that head's segments and whitelist over to the compressed state.
-  // Valid while this compression lives unchanged.
+  // Valid while this compression lives unchanged; layer and head must be in range (kept's extents).
   [[nodiscard]] const_keep_plan_view head_plan(int layer, int head) const noexcept {
     const std::vector<std::int32_t>& k = kept[std::size_t(layer)][std::size_t(head)];
     return {k.data(), &plan_count, &plan_length, 1, 1, plan_length, nullptr};
