@@ -104,11 +104,7 @@ class prefill_statistics {
   std::vector<std::int32_t> all(st.cell_count);
   for (std::uint32_t i = 0; i < st.cell_count; ++i) all[i] = std::int32_t(i);
   out.kept.assign(st.n_layer, std::vector<std::vector<std::int32_t>>(std::size_t(shape.n_head_kv), all));
-  std::vector<std::int32_t> positions(st.cell_count);
-  const std::int32_t last = st.cell_count ? st.pos.back() : 0;
-  for (std::uint32_t i = 0; i < st.cell_count; ++i)
-    positions[i] = last - std::int32_t(st.cell_count) + 1 + std::int32_t(i);
-  out.state = fairkv::llamacpp::write_seq_state(bytes, st, st.cell_count, positions);
+  out.state = fairkv::llamacpp::write_seq_state(bytes, st, st.cell_count);
   return out;
 }
 

@@ -260,10 +260,7 @@ template <class HeadRequests, class Statistics, class Planner>
     }
   out.plan_ms = ms_since(t0);
   t0 = clock::now();
-  std::vector<std::int32_t> positions(m);
-  const std::int32_t last = st.pos.back();
-  for (std::uint32_t i = 0; i < m; ++i) positions[i] = last - std::int32_t(m) + 1 + std::int32_t(i);
-  out.state = write_seq_state(bytes, st, m, positions);
+  out.state = write_seq_state(bytes, st, m);
   out.cells_after = m;
   out.plan_count = std::int32_t(m);
   out.plan_length = std::int32_t(n);

@@ -258,12 +258,12 @@ inline bool check_f16(std::int32_t type, const char* which, std::uint32_t layer,
 }
 
 // The state of `src` (parsed from `bytes`) with only its first `kept` cells of every layer: the K rows [0, kept),
-// the V rows [0, kept) (or, transposed, the first `kept` entries of every V^T row), and the given positions.
-// fairkv's compaction has already moved every kept row to the front of its layer's block in `bytes`.
+// the V rows [0, kept) (or, transposed, the first `kept` entries of every V^T row), at positions last - kept + 1
+// .. last (last = src's last position): llama.cpp wants the next token at last + 1, and RoPE of the cached keys is
+// inside K already, so nothing else moves. fairkv's compaction has already moved every kept row to the front of its
+// layer's block in `bytes`.
 [[nodiscard]] inline std::vector<std::uint8_t> write_seq_state(std::span<const std::uint8_t> bytes,
-                                                               const seq_state& src,
-                                                               std::uint32_t kept,
-                                                               std::span<const std::int32_t> positions) {
+                                                               const seq_state& src, std::uint32_t kept) {
   const std::size_t k_bytes = std::size_t(kept) * src.k_row_bytes(), v_bytes = std::size_t(kept) * src.v_row_bytes();
   // The exact size, so the buffer is allocated once: header 12, a count per stream, cells 12 each, 8, per layer
   // 12 + rows twice.
@@ -281,8 +281,10 @@ inline bool check_f16(std::int32_t type, const char* which, std::uint32_t layer,
   put(&src.n_stream, 4);
   for (std::uint32_t s = 0; s < src.stream; ++s) put(&zero, 4);
   put(&kept, 4);
+  const std::int32_t first = src.pos.back() - std::int32_t(kept) + 1;
   for (std::uint32_t i = 0; i < kept; ++i) {
-    put(&positions[i], 4);
+    const std::int32_t pos = first + std::int32_t(i);
+    put(&pos, 4);
     put(&one, 4);  // n_seq_id
     put(&src.seq_id, 4);
   }
