@@ -320,7 +320,10 @@ inline std::string to_json(const chat_turn_report& t, const std::vector<segment_
          ", \"compress_ms\": " + json::number(t.compress_ms) + ", \"compress_target\": " +
          std::to_string(t.compress_target) + ", \"cache_before\": " + std::to_string(t.cache_before) +
          ", \"cache_min\": " + ints(t.cache_min) + ", \"cache_max\": " + ints(t.cache_max) +
-         ", \"system_kept\": " + kept + ", \"prefill_ms\": " + json::number(t.prefill_ms) +
+         ", \"system_kept\": " + kept + ", \"system_cached\": " + json::number(t.system_cached) +
+         ", \"shifts\": " + std::to_string(t.shifts) + ", \"discarded\": " + std::to_string(t.discarded) +
+         ", \"state_bytes\": " + std::to_string(t.state_bytes) + ", \"round_trip_ms\": " +
+         json::number(t.round_trip_ms) + ", \"prefill_ms\": " + json::number(t.prefill_ms) +
          ", \"decode_ms\": " + json::number(t.decode_ms) + ", \"decode_tps\": " + json::number(t.decode_tps) +
          ", \"rss_bytes\": " + std::to_string(t.rss_bytes) + ", \"n_past\": " + std::to_string(t.n_past) +
          ", \"capacity\": " + std::to_string(t.capacity) + ", \"warning\": " + json::quote(t.warning) + "}";
@@ -343,25 +346,37 @@ inline void print_turn_line(const chat_turn_report& t, const std::vector<segment
                t.compressed ? ("compressed " + std::to_string(t.cache_before) + "->" + std::to_string(t.compress_target) +
                                " in " + std::to_string(int(t.compress_ms)) + " ms,")
                                   .c_str()
-                            : "no compression,",
+               : t.shifts > 0 ? ("context shifted " + std::to_string(t.shifts) + "x, " + std::to_string(t.discarded) +
+                                 " tokens dropped,")
+                                    .c_str()
+                              : "no compression,",
                lo, hi, t.decode_tps, double(t.rss_bytes) / (1024.0 * 1024.0), kept.c_str());
 }
 
-// Runs the conversation; returns the exit status.
-inline int run(args a) {
-  if (a.model_path.empty()) a.model_path = resolve_model("");
-  const model m = model::load(a.model_path);
-  const tokenizer tok = tokenizer::from_gguf(m.file());
-  engine eng(m, 1, a.forward);  // the engine's own sequence is unused: the session has its own
-  chat_session session(eng, tok, a.req, a.system);
+// A turn that was refused (llama::turn_too_long): nothing of the conversation changed.
+inline std::string refused_json(const std::string& user, const std::string& name, const std::string& why) {
+  return "{\"refused\": " + json::quote(why) + ", \"name\": " + json::quote(name) + ", \"user\": " +
+         json::quote(user) + "}";
+}
+
+// The conversation of a chat session (fairkv-llama's, or fairkv-llamacpp's over llama.cpp): the script's turns, or
+// one per stdin line until EOF; each answer on stdout, a line per turn on stderr, the report in --json (written
+// also when a turn fails, with the turns that ran). A turn the session refuses (turn_too_long: nothing changed) is
+// reported and skipped, and the conversation goes on. header_json: the report's leading fields after the
+// options' ("key": value, ... with a trailing comma, or empty).
+template <class Session>
+int converse(const args& a, Session& session, const char* program, const std::string& header_json = "") {
   for (const std::string& w : session.warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
-  if (!a.quiet)
-    std::fprintf(stderr, "chat: %d system tokens, budget %d, policy %s%s, %zu system segments\n",
-                 session.system_tokens(), a.req.budget, a.req.compress.policy.c_str(), a.req.compress.fair ? " (fair)" : "",
-                 session.system_segments().size());
   std::vector<std::string> lines;
   auto one = [&](const std::string& user, const std::string& name) {
-    const chat_turn_report t = session.turn(user, name);
+    chat_turn_report t;
+    try {
+      t = session.turn(user, name);
+    } catch (const turn_too_long& e) {
+      std::fprintf(stderr, "%s: %s; turn skipped, the conversation goes on\n", program, e.what());
+      lines.push_back(refused_json(user, name, e.what()));
+      return;
+    }
     if (!t.warning.empty()) std::fprintf(stderr, "warning: %s\n", t.warning.c_str());
     if (!a.quiet) print_turn_line(t, session.system_segments());
     if (a.scripted) std::printf("> %s\n", user.c_str());
@@ -377,14 +392,15 @@ inline int run(args a) {
       segs += std::string(i ? ", " : "") + "{\"name\": " + json::quote(ss[i].name) + ", \"begin\": " +
               std::to_string(ss[i].begin) + ", \"end\": " + std::to_string(ss[i].end) + "}";
     segs += "]";
-    std::string doc = "{\"budget\": " + std::to_string(a.req.budget) + ", \"policy\": " +
+    std::string doc = "{" + header_json + "\"budget\": " + std::to_string(a.req.budget) + ", \"policy\": " +
                       json::quote(a.req.compress.policy) + ", \"fair\": " + (a.req.compress.fair ? "true" : "false") +
                       ", \"system_floor\": " + json::number(a.req.system_floor) + ", \"turn_decay\": " +
-                      json::number(a.req.turn_decay) + ", \"selector\": " + json::quote(a.req.compress.selector) + ", \"whitelist\": " +
-                      json::quote_list(a.req.whitelist) + ", \"max_new_tokens\": " +
+                      json::number(a.req.turn_decay) + ", \"selector\": " + json::quote(a.req.compress.selector) +
+                      ", \"whitelist\": " + json::quote_list(a.req.whitelist) + ", \"max_new_tokens\": " +
                       std::to_string(a.req.max_new_tokens) + ", \"system_tokens\": " +
                       std::to_string(session.system_tokens()) + ", \"system_segments\": " + segs +
-                      ", \"warnings\": " + json::quote_list(session.warnings()) + ", \"turns\": [\n";
+                      ", \"warnings\": " + json::quote_list(session.warnings()) + ", \"peak_rss_bytes\": " +
+                      std::to_string(peak_resident_bytes()) + ", \"turns\": [\n";
     for (size_t i = 0; i < lines.size(); ++i) doc += (i ? ",\n" : "") + lines[i];
     doc += "\n]}\n";
     std::ofstream out(a.json_path, std::ios::binary);
@@ -397,13 +413,7 @@ inline int run(args a) {
       std::string line;
       while (std::getline(std::cin, line)) {
         if (!line.empty() && line.back() == '\r') line.pop_back();
-        if (line.empty()) continue;
-        try {
-          one(line, "");
-        } catch (const turn_too_long& e) {
-          // Nothing of the conversation changed: say why and read the next line (a script, a fixed plan, stops).
-          std::fprintf(stderr, "fairkv-llama chat: %s; line skipped, the conversation goes on\n", e.what());
-        }
+        if (!line.empty()) one(line, "");
       }
     }
   } catch (...) {
@@ -412,6 +422,20 @@ inline int run(args a) {
   }
   write();
   return 0;
+}
+
+// Runs the conversation on fairkv-llama's own engine; returns the exit status.
+inline int run(args a) {
+  if (a.model_path.empty()) a.model_path = resolve_model("");
+  const model m = model::load(a.model_path);
+  const tokenizer tok = tokenizer::from_gguf(m.file());
+  engine eng(m, 1, a.forward);  // the engine's own sequence is unused: the session has its own
+  chat_session session(eng, tok, a.req, a.system);
+  if (!a.quiet)
+    std::fprintf(stderr, "chat: %d system tokens, budget %d, policy %s%s, %zu system segments\n",
+                 session.system_tokens(), a.req.budget, a.req.compress.policy.c_str(), a.req.compress.fair ? " (fair)" : "",
+                 session.system_segments().size());
+  return converse(a, session, "fairkv-llama chat");
 }
 
 }  // namespace llama::chat_cli

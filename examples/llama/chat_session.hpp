@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "chat.hpp"
+#include "chat_segments.hpp"
 #include "compress.hpp"
 #include "console.hpp"
 #include "forward.hpp"
@@ -116,6 +117,18 @@ inline int64_t resident_bytes() {
   return n == 2 ? int64_t(resident) * int64_t(::sysconf(_SC_PAGESIZE)) : 0;
 }
 
+// Peak resident set size in bytes (VmHWM of /proc/self/status), 0 where unavailable.
+inline int64_t peak_resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  long kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmHWM: %ld kB", &kb) == 1) break;
+  std::fclose(f);
+  return int64_t(kb) * 1024;
+}
+
 struct chat_turn_report {
   int index = 0;                 // 1-based
   std::string name;              // the script's "name", if any
@@ -128,6 +141,10 @@ struct chat_turn_report {
   int cache_before = 0;          // max over layers and heads, before the compaction
   std::vector<int> cache_min, cache_max;  // [n_layers] tokens over the KV heads, after the turn
   std::vector<double> system_kept;        // [system segments] mean over layers x heads of kept / original
+  double system_cached = 0;               // mean over layers x heads of the system turn's tokens still cached
+  int shifts = 0, discarded = 0;          // llama.cpp's context shift: shifts during the turn, tokens they dropped
+  int64_t state_bytes = 0;                // llama.cpp: the sequence state a compaction read (0: none, or own cache)
+  double round_trip_ms = 0;               // llama.cpp: of compress_ms, the state's parse + plan/compact + write
   double prefill_ms = 0, decode_ms = 0;
   double decode_tps = 0;         // generated tokens per second of decoding
   int64_t rss_bytes = 0;
@@ -187,53 +204,34 @@ class chat_session {
     }
     check_chat_memory(req_.budget, chat_bytes_per_token(hp, needs_queries_, online_h2o_), available_memory_bytes());
 
-    const parsed_system ps = parse_system_segments(system);
-    sys_ = chat::encode_system_turn(tok_, ps.text);
-    const int n_sys = int(sys_.tokens.ids.size());
+    sys_ = prepare_chat_system(tok_, system, req_.compress, req_.whitelist, warnings_);
+    const int n_sys = system_tokens();
     check_positions(n_sys, "the system turn");
     if (n_sys > req_.budget)
       throw std::runtime_error("the system turn has " + std::to_string(n_sys) + " tokens, more than --budget " +
                                std::to_string(req_.budget) + " (chat does not compress during a prefill: raise "
                                "--budget or shorten the system prompt)");
-    // Measured segments: the markers if any, else the allocation segments; allocation: --segments (default
-    // markers when marked, else sentences).
-    const segmentation mode = req_.compress.segmentation.empty()
-                                  ? (ps.marked ? segmentation::markers : segmentation::sentences)
-                                  : parse_segmentation(req_.compress.segmentation);
-    std::vector<segment_info> marked = map_segments(ps, sys_.text, sys_.tokens.offsets, sys_.content.begin, warnings_);
-    std::vector<segment_info> alloc = marked;
-    if (mode != segmentation::markers || !ps.marked) {
-      const parsed_system split{ps.text, split_text(ps.text, mode), false};
-      alloc = map_segments(split, sys_.text, sys_.tokens.offsets, sys_.content.begin, warnings_);
-    }
-    system_segments_ = ps.marked ? marked : alloc;
-    whitelist_ = whitelist_tokens(req_.whitelist, ps, sys_, warnings_);
+    const std::vector<int32_t>& wl = sys_.whitelist;
     const int sinks = sinks_of(req_.compress);
-    if (!whitelist_.empty() && req_.budget <= int(whitelist_.size()) + sinks)
+    if (!wl.empty() && req_.budget <= int(wl.size()) + sinks)
       throw std::runtime_error("--budget: " + std::to_string(req_.budget) + " is not larger than the " +
-                               std::to_string(sinks) + " sinks + " + std::to_string(whitelist_.size()) +
+                               std::to_string(sinks) + " sinks + " + std::to_string(wl.size()) +
                                " whitelisted tokens that every compaction must keep");
-    req_.compress.whitelist = whitelist_;  // policy_spec_of picks the whitelist allocator from it
+    req_.compress.whitelist = wl;  // policy_spec_of picks the whitelist allocator from it
 
     const int first = req_.initial_capacity > 0 ? req_.initial_capacity : 256;
     seq_ = eng_.make_sequence(std::min(req_.budget, std::max(first, n_sys)));
-    heads_.assign(size_t(hp.n_layers) * size_t(hp.n_kv_heads), head_state{});
-    for (head_state& h : heads_) {
-      for (const segment_info& s : system_segments_) h.measured.push_back({s.begin, s.end});
-      for (const segment_info& s : alloc) h.alloc.push_back({s.begin, s.end});
-      h.alloc_orig = h.alloc;
-      h.positions.assign(size_t(seq_.cache.capacity()), -1);
-      h.whitelist = whitelist_;
-    }
+    heads_.assign(size_t(hp.n_layers) * size_t(hp.n_kv_heads), head_state(sys_));
+    for (head_state& h : heads_) h.positions.assign(size_t(seq_.cache.capacity()), -1);
     if (needs_queries_)
       queries_.assign(size_t(hp.n_layers),
                       std::vector<float>(size_t(hp.n_heads) * size_t(seq_.cache.capacity()) * size_t(hp.head_dim)));
-    feed(sys_.tokens.ids);
+    feed(sys_.turn.tokens.ids);
   }
 
-  const std::vector<segment_info>& system_segments() const noexcept { return system_segments_; }
+  const std::vector<segment_info>& system_segments() const noexcept { return sys_.measured; }
   const std::vector<std::string>& warnings() const noexcept { return warnings_; }
-  int system_tokens() const noexcept { return int(sys_.tokens.ids.size()); }
+  int system_tokens() const noexcept { return int(sys_.turn.tokens.ids.size()); }
   const sequence& seq() const noexcept { return seq_; }
   int closing_tokens() const noexcept { return int(close_.size()); }
   // The current segments (allocation list) and whitelist of (layer l, KV head g), in cache indices.
@@ -256,11 +254,8 @@ class chat_session {
     r.user_tokens = int(u.tokens.ids.size());
     const int room = r.user_tokens + req_.max_new_tokens + closing_tokens();
     if (room > req_.budget)
-      throw turn_too_long("turn " + std::to_string(r.index) + " needs " + std::to_string(room) +
-                               " tokens (user turn " + std::to_string(r.user_tokens) + " + --max-new-tokens " +
-                               std::to_string(req_.max_new_tokens) + " + " + std::to_string(closing_tokens()) +
-                               " closing tokens), more than --budget " + std::to_string(req_.budget) +
-                               ": refused (chat does not compress during a prefill)");
+      throw turn_too_long(turn_room_message(r.index, room, r.user_tokens, req_.max_new_tokens, closing_tokens(),
+                                            req_.budget));
     r.warning = check_positions(seq_.n_past + room, "turn " + std::to_string(r.index));
     ++turns_;
     r.cache_before = max_len();
@@ -302,6 +297,7 @@ class chat_session {
       r.cache_max.push_back(*std::max_element(len.begin(), len.end()));
     }
     r.system_kept = system_kept();
+    r.system_cached = system_cached();
     r.rss_bytes = resident_bytes();
     r.n_past = seq_.n_past;
     r.capacity = seq_.cache.capacity();
@@ -310,12 +306,20 @@ class chat_session {
 
   // Kept fraction of every system segment: mean over (layer, KV head) of its remapped tokens / original tokens.
   std::vector<double> system_kept() const {
-    std::vector<double> out(system_segments_.size(), 0.0);
-    for (const head_state& h : heads_)
-      for (size_t i = 0; i < out.size(); ++i)
-        out[i] += double(h.measured[i].end - h.measured[i].begin) / double(system_segments_[i].tokens());
-    for (double& v : out) v /= double(heads_.size());
-    return out;
+    return llama::system_kept(heads_, sys_.measured);
+  }
+
+  // Mean over (layer, KV head) of the system turn's tokens still cached.
+  double system_cached() const {
+    double sum = 0;
+    for (int l = 0; l < seq_.cache.n_layers(); ++l)
+      for (int g = 0; g < eng_.hp().n_kv_heads; ++g) {
+        const head_state& h = head(l, g);
+        const int len = seq_.cache.layer(l).len[size_t(g)];
+        sum += double(std::count_if(h.positions.begin(), h.positions.begin() + len,
+                                    [&](int32_t p) { return p >= 0 && p < system_tokens(); }));
+      }
+    return sum / double(heads_.size());
   }
 
   // Tokens cached in the longest head of any layer.
@@ -326,12 +330,9 @@ class chat_session {
   }
 
  private:
-  struct head_state {
-    std::vector<fairkv::segment> measured;  // the system segments the report measures; {x, x} once evicted
-    std::vector<fairkv::segment> alloc;     // what fair eviction allocates over (evicted ones removed)
-    std::vector<fairkv::segment> alloc_orig;  // alloc's original ranges (absolute positions), entry for entry
-    std::vector<int32_t> positions;         // [capacity] absolute position of each cache row (for checks, reports)
-    std::vector<int32_t> whitelist;
+  struct head_state : head_lists {
+    using head_lists::head_lists;
+    std::vector<int32_t> positions;  // [capacity] absolute position of each cache row (for checks, reports)
   };
   head_state& head(int l, int g) { return heads_.at(size_t(l) * size_t(eng_.hp().n_kv_heads) + size_t(g)); }
   const head_state& head(int l, int g) const {
@@ -402,44 +403,15 @@ class chat_session {
   void add_segment(int begin, int end) {
     if (end <= begin) return;
     const int32_t p0 = heads_.front().positions[size_t(begin)];  // every head holds the same rows here
-    for (head_state& h : heads_) {
-      h.alloc.push_back({begin, end});
-      h.alloc_orig.push_back({p0, p0 + (end - begin)});
-    }
-  }
-
-  // The prioritized allocator's weight and floor of each allocation segment (current ranges `current`, original
-  // ones `original`, entry for entry): a system segment weighs 1 and keeps system_floor of its *original* tokens
-  // (the allocator's floor is a fraction of the segment as it is now, so it is rescaled); a turn weighs
-  // turn_decay^age, age counted in turns back from the last one.
-  std::vector<fairkv::segment_priority> priorities_of(const std::vector<fairkv::segment>& current,
-                                                      const std::vector<fairkv::segment>& original) const {
-    std::vector<fairkv::segment_priority> out;
-    out.reserve(original.size());
-    for (size_t i = 0; i < original.size(); ++i) {
-      const fairkv::segment& s = original[i];
-      if (s.begin < system_tokens()) {
-        const double floor = double(req_.system_floor) * double(s.size()) / double(current[i].size());
-        out.push_back({1.0f, float(std::min(1.0, floor))});
-        continue;
-      }
-      // Turn t (0-based) starts at turn_starts_[t]; the turn being made room for is the last entry's successor.
-      const auto t = std::upper_bound(turn_starts_.begin(), turn_starts_.end(), s.begin) - turn_starts_.begin() - 1;
-      const int age = int(turn_starts_.size()) - 1 - int(t);
-      out.push_back({float(std::pow(double(req_.turn_decay), double(age))), 0.0f});
-    }
-    return out;
+    for (head_state& h : heads_) h.add_turn(begin, end, p0);
   }
 
   // Compresses every (layer, KV head) to `target` tokens and remaps its segments and whitelist.
   void compress_to(int target, int turn) {
     const hparams& hp = eng_.hp();
     const int sinks = sinks_of(req_.compress);
-    const int forced = int(whitelist_.size()) + (req_.compress.fair ? sinks : 0);
-    if (target <= forced)
-      throw std::runtime_error("turn " + std::to_string(turn) + ": the compaction may keep " + std::to_string(target) +
-                               " tokens per head (--budget " + std::to_string(req_.budget) + " minus this turn's room), " +
-                               "not more than the " + std::to_string(forced) + " sinks and whitelisted tokens it must keep");
+    const int forced = int(sys_.whitelist.size()) + (req_.compress.fair ? sinks : 0);
+    if (target <= forced) throw std::runtime_error(forced_target_message(turn, target, req_.budget, forced));
     const bool union_heads = req_.compress.selector != "per_head";
     const int slice = union_heads ? hp.n_kv_heads : 1;  // KV heads planned together
     for (int l = 0; l < hp.n_layers; ++l)
@@ -471,7 +443,7 @@ class chat_session {
     fairkv::policy_spec spec = policy_spec_of(req_.compress, window_used_of(req_.compress, L));
     std::vector<fairkv::segment_priority> priorities;
     if (req_.prioritized()) {
-      priorities = priorities_of(hs.alloc, hs.alloc_orig);
+      priorities = chat_priorities(hs, system_tokens(), turn_starts_, req_.system_floor, req_.turn_decay);
       spec.allocator = fairkv::allocator_kind::prioritized;  // takes the whitelist too
       spec.priorities = priorities;
     }
@@ -500,41 +472,8 @@ class chat_session {
         }
       head_state& h = head(l, g);
       for (size_t i = 0; i < kept.size(); ++i) h.positions[i] = h.positions[size_t(kept[i])];
-      remap(h, plan, j, turn, l);
+      h.remap(plan.view(), j, turn, l);
     }
-  }
-
-  // Maps one head's segments and whitelist through row `j` of the plan. Segments go one by one, so each keeps
-  // its identity: a measured one evicted entirely stays as an empty range, an allocation one is removed with its
-  // original range.
-  static void remap(head_state& hs, const fairkv::keep_plan& plan, int j, int turn, int l) {
-    auto fail = [&](const fairkv::result& r) {
-      throw std::runtime_error("turn " + std::to_string(turn) + ", layer " + std::to_string(l) + ": remap: " +
-                               r.message());
-    };
-    auto one = [&](fairkv::segment s) {
-      std::vector<fairkv::segment> out;
-      fairkv::remap_counts counts;
-      if (const fairkv::result r = fairkv::remap_segments(plan.view(), 0, std::span<const fairkv::segment>(&s, 1),
-                                                          out, counts, j);
-          !r.ok())
-        fail(r);
-      return out.empty() ? fairkv::segment{0, 0} : out.front();
-    };
-    for (fairkv::segment& s : hs.measured)
-      if (s.end > s.begin) s = one(s);
-    size_t w = 0;
-    for (size_t i = 0; i < hs.alloc.size(); ++i) {
-      const fairkv::segment m = one(hs.alloc[i]);
-      if (m.end <= m.begin) continue;
-      hs.alloc[w] = m;
-      hs.alloc_orig[w++] = hs.alloc_orig[i];
-    }
-    hs.alloc.resize(w);
-    hs.alloc_orig.resize(w);
-    fairkv::remap_counts counts;
-    if (const fairkv::result r = fairkv::remap_whitelist(plan.view(), 0, hs.whitelist, hs.whitelist, counts, j); !r.ok())
-      fail(r);
   }
 
   engine& eng_;
@@ -545,9 +484,7 @@ class chat_session {
   bool needs_queries_ = false;
   bool online_h2o_ = false;  // plain H2O: kv_layer::run_colsum accumulated by every feed
   std::vector<int32_t> close_;  // "<|im_end|>\n"
-  chat::encoded_turn sys_;
-  std::vector<segment_info> system_segments_;
-  std::vector<int32_t> whitelist_;
+  chat_system sys_;
   std::vector<std::string> warnings_;
   sequence seq_;
   std::vector<head_state> heads_;         // [n_layers * n_kv_heads]

@@ -369,6 +369,25 @@ class engine {
     s.next_ = last < 0 ? 0 : last + 1;
   }
 
+  // llama.cpp's context shift on the slot (its completion tool's, with llama_memory_seq_rm / seq_add): positions
+  // [n_keep, n_keep + n_discard) removed, the later ones moved down by n_discard (llama.cpp re-rotates their keys at
+  // the next decode).
+  void shift(slot& s, llama_pos n_keep, llama_pos n_discard) {
+    check_slot(s);
+    if (n_discard <= 0) return;
+    if (!llama_memory_can_shift(memory())) throw std::runtime_error("llama.cpp cannot shift this model's cache");
+    llama_memory_seq_rm(memory(), s.seq_, n_keep, n_keep + n_discard);
+    llama_memory_seq_add(memory(), s.seq_, n_keep + n_discard, s.next_, -n_discard);
+    s.next_ -= n_discard;
+  }
+  bool can_shift() const { return llama_memory_can_shift(memory()); }
+  // Positions the slot holds (its cells: positions are contiguous after a compaction and after a shift).
+  int cells(const slot& s) const {
+    check_slot(s);
+    const llama_pos lo = llama_memory_seq_pos_min(memory(), s.seq_), hi = llama_memory_seq_pos_max(memory(), s.seq_);
+    return hi < 0 ? 0 : int(hi - lo + 1);
+  }
+
   // The slot's sequence state (llama_state_seq_get_data), and loading one into a slot (replacing what it held).
   std::vector<uint8_t> get_state(const slot& s) const {
     check_slot(s);

@@ -5,13 +5,17 @@
 //   fairkv-llamacpp --model qwen1.5b --system "[[seg:rules]]Never reveal X. [[seg:doc]]..." --user "What is X?"
 //                   --policy snapkv --ratio 0.5 --fair --json out.json
 //   fairkv-llamacpp --system ... --user ... --config --policy snapkv --ratio 0.7 --config ... --fair
+//   fairkv-llamacpp chat --budget 512 --fair --script turns.jsonl    (a conversation under a token budget:
+//                   llamacpp_chat.hpp; --context-shift for llama.cpp's own rule)
 #include <cstdio>
 #include <exception>
 #include <fstream>
 #include <new>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "llamacpp_chat_cli.hpp"
 #include "llamacpp_cli.hpp"
 
 namespace {
@@ -59,6 +63,14 @@ int run_sweep(llamacpp::session_options opt, const std::string& json_path) {
 
 int main(int argc, char** argv) {
   try {
+    if (argc > 1 && std::string_view(argv[1]) == "chat") {
+      llamacpp::chat_cli::args c = llamacpp::chat_cli::parse(argc - 1, argv + 1);
+      if (c.help) {
+        std::fputs(llamacpp::chat_cli::usage().c_str(), stdout);
+        return 0;
+      }
+      return llamacpp::chat_cli::run(std::move(c));
+    }
     llamacpp::cli::args a = llamacpp::cli::parse(argc, argv);
     if (a.help) {
       std::fputs(llamacpp::cli::usage().c_str(), stdout);

@@ -21,7 +21,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fairkv/fairkv.hpp"
@@ -69,6 +71,18 @@ class prefill_capture {
     }
     active_ = what.any();
   }
+  // Starts keeping the post-RoPE queries of every token fed from now on, to a sequence in any state (a chat keeps
+  // the queries of its cached tokens): each layer's q grows by the fed rows until take_queries or the next start.
+  void start_queries() {
+    what_ = {};
+    what_.queries = true;
+    n_ = std::numeric_limits<int>::max();
+    error_.clear();
+    for (layer_stats& l : layers_) l = layer_stats{};
+    active_ = true;
+  }
+  // Layer l's queries captured since start_queries ([tokens][n_head][head_dim]), moved out.
+  std::vector<float> take_queries(int l) { return std::exchange(layers_[size_t(l)].q, {}); }
   // Stops capturing; on error the statistics are unusable and error() says why.
   void stop() { active_ = false; }
   bool active() const { return active_; }

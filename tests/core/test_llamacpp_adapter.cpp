@@ -444,13 +444,28 @@ TEST_CASE("llamacpp adapter: per-head planning slices each head's query statisti
   std::vector<std::uint8_t> plain = original;
   CHECK(lc::compress_state(plain, s.shape(), knorm_request(0.5), no_stats, knorm_planner{}).kept == c.kept);
 
+  // union_heads: a layer's heads keep the same tokens, so each layer is planned whole with its head 0's lists (a
+  // later head's, here out of range, is never read).
   lc::request u = knorm_request(0.5);
   u.policy.selector = fairkv::selection_kind::union_heads;
-  bytes = original;
-  CHECK(lc::compress_state_per_head(bytes, s.shape(), u, same, no_stats, planner).error.find("selector union_heads") ==
-        0);
-  CHECK(bytes == original);
+  u.policy.allocator = fairkv::allocator_kind::whitelist;
   const std::vector<std::int32_t> outside{s.n};
+  std::vector<std::vector<std::int32_t>> forced(std::size_t(s.layers));
+  for (int l = 0; l < s.layers; ++l) forced[std::size_t(l)] = {l % s.n};
+  auto head0 = [&](int l, int h) { return lc::head_request{{}, h == 0 ? forced[std::size_t(l)] : outside}; };
+  knorm_planner_with<fairkv::allocators::whitelist> union_planner;
+  bytes = original;
+  const lc::compression cu = lc::compress_state_per_head(bytes, s.shape(), u, head0, no_stats, union_planner);
+  REQUIRE(cu.error == "");
+  REQUIRE(union_planner.calls.size() == std::size_t(s.layers));
+  for (int l = 0; l < s.layers; ++l) {
+    CHECK(union_planner.calls[std::size_t(l)].heads == s.kvh);
+    for (int h = 0; h < s.kvh; ++h) {
+      const std::vector<std::int32_t>& k = cu.kept[std::size_t(l)][std::size_t(h)];
+      CHECK(std::binary_search(k.begin(), k.end(), forced[std::size_t(l)][0]));
+    }
+  }
+  bytes = original;
   auto bad_last = [&](int l, int h) {
     return l == s.layers - 1 && h == s.kvh - 1 ? lc::head_request{{}, outside} : lc::head_request{};
   };

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """fairkv-llamacpp end to end: bad options are refused naming the option before any model is loaded; with the
 default model, a fair snapkv run writes a --json report whose kept sets, state sizes and segment fractions agree
-with each other. Exit 77 (skip) when the default model is not installed, unless FAIRKV_REQUIRE_MODEL=1."""
+with each other, and a scripted chat runs under its budget in both modes. Exit 77 (skip) when the default model is not installed, unless FAIRKV_REQUIRE_MODEL=1."""
 import json, os, struct, subprocess, sys, tempfile
 
 exe = sys.argv[1]
@@ -34,6 +34,19 @@ for args, needle in [
     (["--user", "hi", "--cache-type", "q8_0", "--flash-attn", "off"], "--cache-type: a quantised V cache needs flash attention on"),
     (["--user", "hi", "--cache-type", "q4_0"], "--cache-type: a quantised V cache needs flash attention on (--flash-attn on)"),
     (["--user", "hi", "--cache-type", "q8_0", "--config", "--policy", "knorm"], "which sweeps and --batch-invariant turn off"),
+    # chat: fairkv-llama chat's strict options, and llama.cpp's context shift without fairkv's eviction options.
+    (["chat"], "--budget: required"),
+    (["chat", "--budget", "0"], "--budget: "),
+    (["chat", "--budget", "64", "--ratio", "0.5"], "--ratio: chat keeps a token budget"),
+    (["chat", "--budget", "64", "--context-shift", "--fair"], "--fair: an option of fairkv's eviction"),
+    (["chat", "--budget", "64", "--context-shift", "--policy", "snapkv"], "--policy: an option of fairkv's eviction"),
+    (["chat", "--budget", "64", "--keep", "3"], "--keep: needs --context-shift"),
+    (["chat", "--budget", "64", "--context-shift", "--keep", "-2"], "--keep: "),
+    (["chat", "--budget", "64", "--context-shift", "--keep-original"], "--keep-original: a compaction's option"),
+    (["chat", "--budget", "64", "--context-shift", "--context-shift"], "--context-shift: given twice"),
+    (["chat", "--budget", "64", "--flash-attn", "maybe"], "--flash-attn: unknown 'maybe'"),
+    (["chat", "--budget", "64", "--selector", "head_adaptive"], "--selector: head_adaptive is refused"),
+    (["chat", "--budget", "64", "--script", "/nonexistent.jsonl"], "--script: "),
 ]:
     r = run(*args)
     if r.returncode == 0 or needle not in r.stderr:
@@ -118,6 +131,36 @@ with tempfile.TemporaryDirectory() as d:
                 "sinks kept": all({0, 1, 2, 3} <= set(h) for h in heads),
             }
         failures += [f"{what}: {k}" for k, ok in checks.items() if not ok]
+
+    # chat: a scripted conversation under a budget, fairkv and llama.cpp's context shift; a turn longer than the
+    # budget is reported as refused and the conversation goes on.
+    script = os.path.join(d, "turns.jsonl")
+    with open(script, "w") as f:
+        for u in ["Hi! What can you help me with?", "Where is my order?", "order " * 200, "What is the code?",
+                  "Thanks, bye."]:
+            f.write(json.dumps({"user": u}) + "\n")
+    for mode in (["--policy", "snapkv", "--fair"], ["--context-shift", "--keep", "-1"]):
+        r = run("chat", "--system", system, "--script", script, "--budget", "96", "--max-new-tokens", "16",
+                "--threads", "1", "--json", out, *mode)
+        if r.returncode != 0:
+            failures.append(f"chat {mode}: rc {r.returncode}: {r.stderr[-600:]}")
+            continue
+        rep = json.load(open(out))
+        turns = rep["turns"]
+        ran = [t for t in turns if "refused" not in t]
+        refused = [t for t in turns if "refused" in t]
+        shift = mode[0] == "--context-shift"
+        checks = {
+            "header": rep["engine"] == "llama.cpp" and rep["mode"] == ("context_shift" if shift else "fairkv")
+                      and rep["budget"] == 96 and rep["peak_rss_bytes"] > 0,
+            "turns": len(ran) == 4 and len(refused) == 1 and "more than --budget 96" in refused[0]["refused"],
+            "skip said": "turn skipped, the conversation goes on" in r.stderr,
+            "budget": all(t["cache_max"][0] <= 96 for t in ran),
+            "evicted": any(t["shifts"] > 0 for t in ran) if shift else any(t["compressed"] for t in ran),
+            "n_keep": rep["n_keep"] == rep["system_tokens"] if shift else True,
+            "system kept": all(t["system_cached"] == rep["system_tokens"] for t in ran) if shift else True,
+        }
+        failures += [f"chat {mode}: {k}" for k, ok in checks.items() if not ok]
 
     # A GGUF llama.cpp loads but whose forward pass would abort (a negative RMS-norm epsilon) is refused by name,
     # with an error exit, not a GGML_ASSERT's SIGABRT.

@@ -41,12 +41,19 @@ struct request {
   std::span<const std::int32_t> whitelist;
   keep_target target;
   float scale = 0.0f;  // softmax scale where attention is recomputed from queries; 0: 1 / sqrt(head_dim)
+  // compress_sequence*: hold the original state during the round trip, to load it back if llama.cpp refuses the
+  // compressed one (two states at the peak). false: one state at the peak (the compressed state is written over
+  // the original), and a refused load leaves the sequence empty (the error says so). A sequence alone in its own KV
+  // stream (llama_context_params::kv_unified false) always finds room for fewer cells than it held.
+  bool keep_original = true;
 };
 
-// One (layer, KV head)'s own segments and whitelist, in the cell ranks of the state (compress_state_per_head).
+// One (layer, KV head)'s own segments and whitelist, in the cell ranks of the state (compress_state_per_head), and
+// for the prioritized allocator its own priorities (one per segment; empty: the request's policy as it is).
 struct head_request {
   std::span<const segment> segments;
   std::span<const std::int32_t> whitelist;
+  std::span<const segment_priority> priorities{};
 };
 
 struct compression {
@@ -128,7 +135,7 @@ template <class K>
 }
 
 // Plans layer l: the whole layer into plans[0] with req's segments and whitelist, or (per_head) each KV head h into
-// plans[h] with head_request_of(l, h)'s. Attention recomputed from the queries runs fairkv's register-tiled GEMM
+// plans[h] with head_request_of(l, h)'s; per_head under union_heads plans the whole layer with head_request_of(l, 0)'s. Attention recomputed from the queries runs fairkv's register-tiled GEMM
 // over f32 keys, so the layer's f16 keys are widened once (n x row conversions) rather than in the innermost loop.
 template <class HeadRequests, class Statistics, class Planner>
 std::string plan_layer(const seq_state& st, const std::uint8_t* base, int l, const state_shape& shape,
@@ -156,20 +163,26 @@ std::string plan_layer(const seq_state& st, const std::uint8_t* base, int l, con
     wide.queries = in.queries;
     wide.scale = in.scale;
   }
-  auto plan = [&](const auto& inputs, std::span<const segment> segments, std::span<const std::int32_t> whitelist,
-                  keep_plan& out) -> std::string {
-    const result r = planner(spec, inputs, segments, whitelist, req.target, out);
+  auto plan = [&](const policy_spec& s, const auto& inputs, std::span<const segment> segments,
+                  std::span<const std::int32_t> whitelist, keep_plan& out) -> std::string {
+    const result r = planner(s, inputs, segments, whitelist, req.target, out);
     return r.ok() ? std::string() : std::string(r.message());
   };
-  if (!per_head) {
-    const std::string e =
-        widen ? plan(wide, req.segments, req.whitelist, plans[0]) : plan(in, req.segments, req.whitelist, plans[0]);
+  if (!per_head || spec.selector == selection_kind::union_heads) {
+    // One plan for the layer: its heads keep the same tokens, so their lists are equal (head 0's are read).
+    const head_request hr = per_head ? head_request_of(l, 0) : head_request{req.segments, req.whitelist, {}};
+    policy_spec layer_spec = spec;
+    if (!hr.priorities.empty()) layer_spec.priorities = hr.priorities;
+    const std::string e = widen ? plan(layer_spec, wide, hr.segments, hr.whitelist, plans[0])
+                                : plan(layer_spec, in, hr.segments, hr.whitelist, plans[0]);
     return e.empty() ? e : "fairkv plan (layer " + std::to_string(l) + "): " + e;
   }
   for (std::int64_t h = 0; h < kvh; ++h) {
     const head_request hr = head_request_of(l, int(h));
-    const std::string e = widen ? plan(slice_heads(wide, h, 1), hr.segments, hr.whitelist, plans[std::size_t(h)])
-                                : plan(slice_heads(in, h, 1), hr.segments, hr.whitelist, plans[std::size_t(h)]);
+    policy_spec head_spec = spec;
+    if (!hr.priorities.empty()) head_spec.priorities = hr.priorities;
+    const std::string e = widen ? plan(head_spec, slice_heads(wide, h, 1), hr.segments, hr.whitelist, plans[std::size_t(h)])
+                                : plan(head_spec, slice_heads(in, h, 1), hr.segments, hr.whitelist, plans[std::size_t(h)]);
     if (!e.empty()) return "fairkv plan (layer " + std::to_string(l) + " head " + std::to_string(h) + "): " + e;
   }
   return {};
@@ -191,10 +204,11 @@ inline std::string check_shared_count(std::span<const keep_plan> plans, int l, i
 }
 
 // compress_state and compress_state_per_head: per_head plans and compacts every (layer, KV head) on its own.
+// in_place: the compressed state is written over `bytes` and moved into the result (the round trip's own copy).
 template <class HeadRequests, class Statistics, class Planner>
 [[nodiscard]] compression compress(std::vector<std::uint8_t>& bytes, const state_shape& shape, const request& req,
                                    bool per_head, HeadRequests& head_request_of, Statistics& statistics_of,
-                                   const Planner& planner) {
+                                   const Planner& planner, bool in_place = false) {
   using clock = std::chrono::steady_clock;
   compression out;
   auto t0 = clock::now();
@@ -208,15 +222,12 @@ template <class HeadRequests, class Statistics, class Planner>
     out.error = e;
     return out;
   }
-  if (per_head && req.policy.selector == selection_kind::union_heads) {
-    out.error = "selector union_heads keeps the same tokens in every head: compress whole layers (compress_state)";
-    return out;
-  }
   out.cells_before = st.cell_count;
   out.v_trans = st.v_trans;
   const std::int64_t n = st.cell_count, hd = shape.head_dim, kvh = shape.n_head_kv, row = kvh * hd;
   const int n_layers = int(st.n_layer);
-  const std::size_t units = per_head ? std::size_t(kvh) : 1;  // plans per layer
+  const bool by_head = per_head && req.policy.selector != selection_kind::union_heads;
+  const std::size_t units = by_head ? std::size_t(kvh) : 1;  // plans per layer
   t0 = clock::now();
   policy_spec spec = req.policy;
   spec.window = out.window_used = int(std::max<std::int64_t>(1, std::min<std::int64_t>(spec.window, n - 1)));
@@ -242,7 +253,7 @@ template <class HeadRequests, class Statistics, class Planner>
   for (int l = 0; l < n_layers; ++l)
     for (std::size_t u = 0; u < units; ++u) {
       const layer_block& lb = st.layers[std::size_t(l)];
-      const std::int64_t h0 = std::int64_t(u), nh = per_head ? 1 : kvh;
+      const std::int64_t h0 = std::int64_t(u), nh = by_head ? 1 : kvh;
       kv_view<half_t> keys{base + lb.k_offset / 2 + h0 * hd, 1, nh, n, hd, 0, hd, row, 1};
       // V rows like K, or V^T [kv_heads * hd][cells] (flash attention off): element (h, t, d) at (h hd + d) n + t.
       kv_view<half_t> values =
@@ -260,7 +271,12 @@ template <class HeadRequests, class Statistics, class Planner>
     }
   out.plan_ms = ms_since(t0);
   t0 = clock::now();
-  out.state = write_seq_state(bytes, st, m);
+  if (in_place) {
+    write_seq_state_in_place(bytes, st, m);
+    out.state = std::move(bytes);
+  } else {
+    out.state = write_seq_state(bytes, st, m);
+  }
   out.cells_after = m;
   out.plan_count = std::int32_t(m);
   out.plan_length = std::int32_t(n);
@@ -284,10 +300,11 @@ template <class Statistics, class Planner = inline_planner<>>
 
 // compress_state with every (layer, KV head) planned on its own, with the segments and whitelist
 // head_request_of(int layer, int head) -> head_request gives it (req.segments and req.whitelist are not read). A
-// sequence compacted more than once needs it: per-head selection keeps different tokens in every head, so after a
-// compaction each head's segments and whitelist are its own (fairkv::remap_segments through its row of the plan).
-// Every head keeps req.target's count, as llama.cpp's shared cells require; union_heads is refused (its heads keep
-// the same tokens, so their lists stay equal: compress_state).
+// sequence compacted more than once needs it: per-head selection keeps different tokens in every head, and every
+// selector different tokens in every layer, so after a compaction each head's segments and whitelist are its own
+// (fairkv::remap_segments through compression::head_plan). Every head keeps req.target's count, as llama.cpp's
+// shared cells require. Under union_heads a layer's heads keep the same tokens, so their lists stay equal: each
+// layer is planned whole, with head_request_of(layer, 0)'s.
 template <class HeadRequests, class Statistics, class Planner = inline_planner<>>
 [[nodiscard]] compression compress_state_per_head(std::vector<std::uint8_t>& bytes, const state_shape& shape,
                                                   const request& req, HeadRequests&& head_request_of,

@@ -49,26 +49,32 @@ inline std::string model_meta(const llama_model* model, const std::string& key) 
 
 namespace detail {
 
-// Reads sequence seq's state, compresses a copy with compress(bytes) -> compression, and loads the result in its
-// place; on any failure the sequence holds what it held.
+// Reads sequence seq's state, compresses it with compress(bytes) -> compression (which writes the compressed state
+// over the bytes it is given), and loads the result in its place. keep_original: compress a copy, so that on any
+// failure the sequence holds what it held; else the one buffer is compressed, and only a load llama.cpp refuses
+// (after the sequence was emptied for it) loses the sequence.
 template <class Compress>
-[[nodiscard]] compression round_trip(llama_context* ctx, llama_seq_id seq, Compress&& compress) {
+[[nodiscard]] compression round_trip(llama_context* ctx, llama_seq_id seq, bool keep_original, Compress&& compress) {
   compression out;
   std::vector<std::uint8_t> original(llama_state_seq_get_size(ctx, seq));
   if (original.empty() || llama_state_seq_get_data(ctx, original.data(), original.size(), seq) != original.size()) {
     out.error = "llama_state_seq_get_data: sequence " + std::to_string(seq) + " has no state to read";
     return out;
   }
-  std::vector<std::uint8_t> work = original;
-  out = compress(work);
+  std::vector<std::uint8_t> work;
+  if (keep_original) work = original;
+  out = compress(keep_original ? work : original);
   if (!out.error.empty()) return out;
   llama_memory_t mem = llama_get_memory(ctx);
   llama_memory_seq_rm(mem, seq, -1, -1);
   if (llama_state_seq_set_data(ctx, out.state.data(), out.state.size(), seq) == out.state.size()) return out;
   llama_memory_seq_rm(mem, seq, -1, -1);
-  const bool restored = llama_state_seq_set_data(ctx, original.data(), original.size(), seq) == original.size();
+  const bool restored =
+      keep_original && llama_state_seq_set_data(ctx, original.data(), original.size(), seq) == original.size();
   out.error = "llama.cpp refused the compressed state (" + std::to_string(out.state.size()) + " bytes); " +
-              (restored ? "the sequence was restored" : "restoring the original failed too: the sequence is empty");
+              (restored        ? "the sequence was restored"
+               : keep_original ? "restoring the original failed too: the sequence is empty"
+                               : "the sequence is empty (request::keep_original was false)");
   out.state.clear();
   return out;
 }
@@ -77,14 +83,15 @@ template <class Compress>
 
 // Compresses sequence `seq` of `ctx` in place for `req` (statistics_of and planner as compress_state takes them).
 // On any failure the sequence holds what it held before (llama.cpp empties a sequence whose load fails; the
-// original state is then loaded back) and `error` says why. The round trip holds the state twice (the original
-// and the compressed copy) during the call.
+// original state is then loaded back) and `error` says why. The round trip holds the state twice at its peak (the
+// original and the copy compressed in place); with req.keep_original false, once.
 template <class Statistics, class Planner = inline_planner<>>
 [[nodiscard]] compression compress_sequence(llama_context* ctx, llama_seq_id seq, const state_shape& shape,
                                             const request& req, Statistics&& statistics_of,
                                             const Planner& planner = {}) {
-  return detail::round_trip(ctx, seq, [&](std::vector<std::uint8_t>& bytes) {
-    return compress_state(bytes, shape, req, statistics_of, planner);
+  auto unused = [](int, int) { return head_request{}; };
+  return detail::round_trip(ctx, seq, req.keep_original, [&](std::vector<std::uint8_t>& bytes) {
+    return detail::compress(bytes, shape, req, false, unused, statistics_of, planner, /*in_place=*/true);
   });
 }
 
@@ -94,8 +101,8 @@ template <class HeadRequests, class Statistics, class Planner = inline_planner<>
 [[nodiscard]] compression compress_sequence_per_head(llama_context* ctx, llama_seq_id seq, const state_shape& shape,
                                                      const request& req, HeadRequests&& head_request_of,
                                                      Statistics&& statistics_of, const Planner& planner = {}) {
-  return detail::round_trip(ctx, seq, [&](std::vector<std::uint8_t>& bytes) {
-    return compress_state_per_head(bytes, shape, req, head_request_of, statistics_of, planner);
+  return detail::round_trip(ctx, seq, req.keep_original, [&](std::vector<std::uint8_t>& bytes) {
+    return detail::compress(bytes, shape, req, true, head_request_of, statistics_of, planner, /*in_place=*/true);
   });
 }
 

@@ -257,21 +257,17 @@ inline bool check_f16(std::int32_t type, const char* which, std::uint32_t layer,
   return "";
 }
 
-// The state of `src` (parsed from `bytes`) with only its first `kept` cells of every layer: the K rows [0, kept),
-// the V rows [0, kept) (or, transposed, the first `kept` entries of every V^T row), at positions last - kept + 1
-// .. last (last = src's last position): llama.cpp wants the next token at last + 1, and RoPE of the cached keys is
-// inside K already, so nothing else moves. fairkv's compaction has already moved every kept row to the front of its
-// layer's block in `bytes`.
-[[nodiscard]] inline std::vector<std::uint8_t> write_seq_state(std::span<const std::uint8_t> bytes,
-                                                               const seq_state& src, std::uint32_t kept) {
+namespace detail {
+
+// The writer of write_seq_state(_in_place): from the parsed `src` in `in` to `out`, which may be `in` itself. Every
+// section of the result starts at or before the same section of the source (cells are only dropped), and data moves
+// with memmove, so writing over the source never reads a byte it has already overwritten.
+inline std::size_t put_seq_state(std::uint8_t* out, const std::uint8_t* in, const seq_state& src,
+                                 std::uint32_t kept) {
   const std::size_t k_bytes = std::size_t(kept) * src.k_row_bytes(), v_bytes = std::size_t(kept) * src.v_row_bytes();
-  // The exact size, so the buffer is allocated once: header 12, a count per stream, cells 12 each, 8, per layer
-  // 12 + rows twice.
-  std::vector<std::uint8_t> out(12 + 4 * std::size_t(src.n_stream) + std::size_t(kept) * 12 + 8 +
-                                std::size_t(src.n_layer) * (24 + k_bytes + v_bytes));
   std::size_t at = 0;
-  auto put = [&out, &at](const void* p, std::size_t n) {
-    std::memcpy(out.data() + at, p, n);
+  auto put = [out, &at](const void* p, std::size_t n) {
+    std::memmove(out + at, p, n);
     at += n;
   };
   const std::uint32_t one = 1, zero = 0, v_trans = src.v_trans ? 1 : 0;
@@ -294,24 +290,51 @@ inline bool check_f16(std::int32_t type, const char* which, std::uint32_t layer,
     const std::uint64_t row = src.k_row_bytes();
     put(&f16, 4);
     put(&row, 8);
-    put(bytes.data() + l.k_offset, k_bytes);
+    put(in + l.k_offset, k_bytes);
   }
   for (const layer_block& l : src.layers) {
     put(&f16, 4);
     if (!src.v_trans) {
       const std::uint64_t row = src.v_row_bytes();
       put(&row, 8);
-      put(bytes.data() + l.v_offset, v_bytes);
+      put(in + l.v_offset, v_bytes);
     } else {
       const std::uint32_t el = 2;
       put(&el, 4);
       put(&src.n_embd_v, 4);
       for (std::uint32_t j = 0; j < src.n_embd_v; ++j)
-        put(bytes.data() + l.v_offset + std::size_t(j) * src.cell_count * 2, std::size_t(kept) * 2);
+        put(in + l.v_offset + std::size_t(j) * src.cell_count * 2, std::size_t(kept) * 2);
     }
   }
   for (std::uint32_t s = src.stream + 1; s < src.n_stream; ++s) put(&zero, 4);
+  return at;
+}
+
+// The exact size of the state of `kept` cells: header 12, a count per stream, cells 12 each, 8, per layer 12 + rows
+// twice.
+inline std::size_t seq_state_size(const seq_state& src, std::uint32_t kept) {
+  return 12 + 4 * std::size_t(src.n_stream) + std::size_t(kept) * 12 + 8 +
+         std::size_t(src.n_layer) * (24 + std::size_t(kept) * (src.k_row_bytes() + src.v_row_bytes()));
+}
+
+}  // namespace detail
+
+// The state of `src` (parsed from `bytes`) with only its first `kept` cells of every layer: the K rows [0, kept),
+// the V rows [0, kept) (or, transposed, the first `kept` entries of every V^T row), at positions last - kept + 1
+// .. last (last = src's last position): llama.cpp wants the next token at last + 1, and RoPE of the cached keys is
+// inside K already, so nothing else moves. fairkv's compaction has already moved every kept row to the front of its
+// layer's block in `bytes`.
+[[nodiscard]] inline std::vector<std::uint8_t> write_seq_state(std::span<const std::uint8_t> bytes,
+                                                               const seq_state& src, std::uint32_t kept) {
+  std::vector<std::uint8_t> out(detail::seq_state_size(src, kept));
+  detail::put_seq_state(out.data(), bytes.data(), src, kept);
   return out;
+}
+
+// The same state written over `bytes` itself, which then holds it (and only it): no second buffer, so a long
+// sequence's round trip holds one state rather than two. `src` (parsed from these bytes) must not be read after.
+inline void write_seq_state_in_place(std::vector<std::uint8_t>& bytes, const seq_state& src, std::uint32_t kept) {
+  bytes.resize(detail::put_seq_state(bytes.data(), bytes.data(), src, kept));
 }
 
 }  // namespace fairkv::llamacpp
