@@ -8,36 +8,18 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
-#include "engine.hpp"
-#include "model_path.hpp"
-
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-}  // namespace
+#include "bench_setup.hpp"
 
 int main(int argc, char** argv) {
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: %s MODEL TOKENS [ROUNDS] [THREADS]\n", argv[0]);
-    return 2;
-  }
-  const std::string path = llama::resolve_model(argv[1]);
-  const int tokens = std::atoi(argv[2]), rounds = argc > 3 ? std::atoi(argv[3]) : 5;
-  llamacpp::context_options o;
-  o.n_ctx = tokens + 16;
-  o.flash_attn = 0;
-  o.threads = argc > 4 ? std::atoi(argv[4]) : llama::default_threads();
-  llamacpp::engine eng(path, o);
-  std::vector<llama_token> ids(static_cast<size_t>(tokens));
-  for (int i = 0; i < tokens; ++i) ids[size_t(i)] = llama_token(1000 + (i * 7919) % 20000);  // fixed, no repetition structure
+  using fairkv_bench::median;
+  fairkv_bench::llamacpp_args a = fairkv_bench::parse_llamacpp_args(argc, argv);
+  a.context.flash_attn = 0;
+  const int tokens = a.tokens, rounds = a.rounds;
+  llamacpp::engine eng(a.path, a.context);
+  const std::vector<llama_token> ids = fairkv_bench::bench_tokens(tokens);
 
   // One region per 32 tokens, as segment-local H2O asks for with ~32-token instructions.
   std::vector<fairkv::segment> regions;
@@ -66,8 +48,8 @@ int main(int argc, char** argv) {
       ratio[k].push_back(t / base);
     }
   }
-  std::printf("%s, %d-token prefill, %d threads, %d interleaved rounds (flash attention off)\n", argv[1], tokens,
-              o.threads, rounds);
+  std::printf("%s, %d-token prefill, %d threads, %d interleaved rounds (flash attention off)\n", a.model.c_str(),
+              tokens, a.context.threads, rounds);
   std::printf("| capture | prefill ms (median) | / no capture, same round (median) |\n|---|---|---|\n");
   for (size_t k = 0; k < kinds.size(); ++k)
     std::printf("| %s | %.0f | %.4f |\n", kinds[k].name, median(ms[k]), median(ratio[k]));
