@@ -63,8 +63,8 @@ int main(int argc, char** argv) {
       fairkv::llamacpp::request req{spec, {}, {}, fairkv::keep_target(0.5)};
       req.keep_original = m.keep_original;
       const auto t0 = std::chrono::steady_clock::now();
-      const fairkv::llamacpp::compression c =
-          fairkv::llamacpp::compress_sequence(eng.ctx(), s.id(), shape, req, no_attention, llamacpp::compiled_planner{});
+      const fairkv::llamacpp::compression c = fairkv::llamacpp::compress_sequence(
+          eng.ctx(), s.id(), shape, req, no_attention, llamacpp::compiled_planner{});
       m.ms.push_back(ms_since(t0));
       m.peak.push_back(double(llama::peak_resident_bytes() - before));
       if (!c.error.empty()) throw std::runtime_error(c.error);
@@ -82,7 +82,9 @@ int main(int argc, char** argv) {
   std::printf("model %s, %d tokens, %d rounds, %d threads: state %.1f MiB; one decode step %.1f ms (median)\n",
               a.model.c_str(), tokens, rounds, a.context.threads, state / mib, median(step_ms));
   if (!peak_ok) std::printf("(the kernel refused to reset the peak RSS: peaks are upper bounds)\n");
-  std::printf("| round trip | median ms | / decode step | peak RSS above before (MiB) | / state size |\n|---|---|---|---|---|\n");
+  std::printf(
+      "| round trip | median ms | / decode step | peak RSS above before (MiB) | / state size "
+      "|\n|---|---|---|---|---|\n");
   for (const mode& m : modes)
     std::printf("| %s | %.1f | %.2f | %.1f | %.2f |\n", m.name, median(m.ms), median(m.ms) / median(step_ms),
                 median(m.peak) / mib, median(m.peak) / state);

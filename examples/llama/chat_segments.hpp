@@ -22,8 +22,8 @@ namespace llama {
 struct chat_system {
   chat::encoded_turn turn;
   std::vector<segment_info> measured;  // what the reports measure: the [[seg:]] markers, else the allocation ones
-  std::vector<segment_info> alloc;     // what fair eviction allocates over (--segments; default markers, else sentences)
-  std::vector<int32_t> whitelist;      // token indices of the whitelisted phrases
+  std::vector<segment_info> alloc;  // what fair eviction allocates over (--segments; default markers, else sentences)
+  std::vector<int32_t> whitelist;   // token indices of the whitelisted phrases
 };
 
 // Tok: the runner's tokenizer or llama.cpp's (chat::encode_turn's requirement). Throws on a malformed prompt.
@@ -73,8 +73,8 @@ struct head_lists {
   // original range. Throws naming the turn and layer on a plan that does not fit the lists.
   void remap(const fairkv::const_keep_plan_view& plan, int row, int turn, int layer) {
     auto fail = [&](const fairkv::result& r) {
-      throw std::runtime_error("turn " + std::to_string(turn) + ", layer " + std::to_string(layer) + ": remap: " +
-                               r.message());
+      throw std::runtime_error("turn " + std::to_string(turn) + ", layer " + std::to_string(layer) +
+                               ": remap: " + r.message());
     };
     auto one = [&](fairkv::segment s) {
       std::vector<fairkv::segment> out;

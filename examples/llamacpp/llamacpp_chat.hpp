@@ -6,11 +6,11 @@
 // sequence is compressed in place to budget - R cells through the library's adapter
 // (fairkv::llamacpp::compress_sequence_per_head), every (layer, KV head) planned with its own segments and whitelist
 // (the system segments, then every user and assistant turn), carried over by its row of the plan (under union_heads
-// a layer's heads share theirs; layers always differ). The kept cells keep the last positions, so new tokens continue the conversation's
-// positions. Attention scorers (SnapKV, TOVA, H2O and their fair forms) recompute attention from the post-RoPE
-// queries of every cached token, captured from llama.cpp's graph on every feed (prefill_capture::start_queries)
-// and compacted with their tokens; H2O therefore scores with the attention of the cached queries, not of every
-// query ever fed.
+// a layer's heads share theirs; layers always differ). The kept cells keep the last positions, so new tokens continue
+// the conversation's positions. Attention scorers (SnapKV, TOVA, H2O and their fair forms) recompute attention from the
+// post-RoPE queries of every cached token, captured from llama.cpp's graph on every feed
+// (prefill_capture::start_queries) and compacted with their tokens; H2O therefore scores with the attention of the
+// cached queries, not of every query ever fed.
 //
 // context shift (--context-shift): llama.cpp's own rule, as its completion tool applies it: before a batch of
 // `pending` tokens is fed, if cells + pending >= budget, the first n_keep cells stay and the older half of the rest
@@ -55,8 +55,8 @@ struct context_shift {
 struct chat_options {
   llama::chat_request req;  // budget, policy, fair, floors, whitelist, max_new_tokens
   bool context_shift = false;
-  int n_keep = 0;                // --context-shift: cells kept at the start; -1: the whole system turn
-  bool keep_original = false;    // hold the original state during each round trip (twice the memory at the peak)
+  int n_keep = 0;              // --context-shift: cells kept at the start; -1: the whole system turn
+  bool keep_original = false;  // hold the original state during each round trip (twice the memory at the peak)
   context_options context{.n_ctx = 0};
 };
 
@@ -75,8 +75,10 @@ class chat_session {
     llama::chat_request& req = opt_.req;
     const int n_ctx = eng_.n_ctx_train();
     if (n_ctx > 0 && req.budget > n_ctx) {
-      const std::string msg = "--budget " + std::to_string(req.budget) + " is larger than the model's training "
-                              "context of " + std::to_string(n_ctx) + " tokens";
+      const std::string msg = "--budget " + std::to_string(req.budget) +
+                              " is larger than the model's training "
+                              "context of " +
+                              std::to_string(n_ctx) + " tokens";
       if (!req.allow_long_context) throw std::runtime_error(msg + ": lower --budget or pass --allow-long-context");
       warnings_.push_back(msg + " (allowed by --allow-long-context)");
     }
@@ -89,7 +91,8 @@ class chat_session {
     const int n_sys = system_tokens();
     if (n_sys > req.budget)
       throw std::runtime_error("the system turn has " + std::to_string(n_sys) + " tokens, more than --budget " +
-                               std::to_string(req.budget) + " (chat does not compress during a prefill: raise "
+                               std::to_string(req.budget) +
+                               " (chat does not compress during a prefill: raise "
                                "--budget or shorten the system prompt)");
     if (opt_.context_shift) {
       n_keep_ = opt_.n_keep < 0 ? n_sys : std::min(opt_.n_keep, n_sys);
@@ -135,8 +138,8 @@ class chat_session {
     r.user_tokens = int(u.tokens.ids.size());
     const int room = r.user_tokens + req.max_new_tokens + closing_tokens();
     if (room > req.budget)
-      throw llama::turn_too_long(llama::turn_room_message(r.index, room, r.user_tokens, req.max_new_tokens,
-                                                          closing_tokens(), req.budget));
+      throw llama::turn_too_long(
+          llama::turn_room_message(r.index, room, r.user_tokens, req.max_new_tokens, closing_tokens(), req.budget));
     r.cache_before = cells_;
     if (opt_.context_shift) {
       const context_shift s = context_shift_for(cells_, r.user_tokens, req.budget, n_keep_);
@@ -210,7 +213,8 @@ class chat_session {
   double system_cached() const {
     double sum = 0;
     for (const head_state& h : heads_)
-      sum += double(std::count_if(h.origin.begin(), h.origin.end(), [&](std::int32_t t) { return t < system_tokens(); }));
+      sum +=
+          double(std::count_if(h.origin.begin(), h.origin.end(), [&](std::int32_t t) { return t < system_tokens(); }));
     return sum / double(heads_.size());
   }
 
@@ -248,8 +252,10 @@ class chat_session {
       for (int l = 0; l < eng_.n_layer(); ++l) {
         const std::vector<float> q = eng_.capture().take_queries(l);
         if (q.size() != ids.size() * row)
-          throw std::runtime_error("chat: llama.cpp's graph gave " + std::to_string(q.size() / row) + " query rows of "
-                                   "layer " + std::to_string(l) + " for " + std::to_string(ids.size()) + " tokens");
+          throw std::runtime_error("chat: llama.cpp's graph gave " + std::to_string(q.size() / row) +
+                                   " query rows of "
+                                   "layer " +
+                                   std::to_string(l) + " for " + std::to_string(ids.size()) + " tokens");
         queries_[std::size_t(l)].insert(queries_[std::size_t(l)].end(), q.begin(), q.end());
       }
     }
@@ -303,8 +309,8 @@ class chat_session {
     priorities_.assign(heads_.size(), {});
     if (req.prioritized())
       for (std::size_t i = 0; i < heads_.size(); ++i)
-        priorities_[i] = llama::chat_priorities(heads_[i], system_tokens(), turn_starts_, req.system_floor,
-                                                req.turn_decay);
+        priorities_[i] =
+            llama::chat_priorities(heads_[i], system_tokens(), turn_starts_, req.system_floor, req.turn_decay);
     const int n_head = eng_.n_head();
     const std::size_t row = std::size_t(n_head) * std::size_t(eng_.head_dim());
     auto statistics_of = [&](int l, std::int64_t n, fairkv::llamacpp::attention_statistics& out) -> std::string {
@@ -330,7 +336,8 @@ class chat_session {
         eng_.ctx(), seq_.id(), eng_.state_shape(), lib, head_request_of, statistics_of, compiled_planner{});
     if (!c.error.empty()) {
       if (eng_.cells(seq_) != cells_)
-        throw std::runtime_error("turn " + std::to_string(turn) + ": " + c.error + ": the conversation's cache is lost");
+        throw std::runtime_error("turn " + std::to_string(turn) + ": " + c.error +
+                                 ": the conversation's cache is lost");
       throw llama::turn_too_long("turn " + std::to_string(turn) + ": the compaction was refused (" + c.error +
                                  "); nothing changed");
     }

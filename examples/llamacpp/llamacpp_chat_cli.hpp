@@ -24,18 +24,20 @@ struct args {
 };
 
 // The options fairkv's eviction reads: meaningless under --context-shift, so refused there rather than ignored.
-inline constexpr std::string_view eviction_options[] = {"--policy", "--selector", "--window", "--fair",
-                                                        "--system-floor", "--turn-decay", "--sinks", "--boundary",
-                                                        "--whitelist"};
+inline constexpr std::string_view eviction_options[] = {"--policy", "--selector",     "--window",
+                                                        "--fair",   "--system-floor", "--turn-decay",
+                                                        "--sinks",  "--boundary",     "--whitelist"};
 
 inline std::string usage() {
   std::string u = llama::chat_cli::usage();
-  u.replace(0, u.find('\n'), "usage: fairkv-llamacpp chat --budget N [options]   (multi-turn in llama.cpp under a "
-                             "token budget)");
+  u.replace(0, u.find('\n'),
+            "usage: fairkv-llamacpp chat --budget N [options]   (multi-turn in llama.cpp under a "
+            "token budget)");
   u.resize(u.rfind("  -h, --help"));
   return u +
          "\nllama.cpp:\n"
-         "  --context-shift        llama.cpp's own rule instead of fairkv's: when the cache would reach --budget, keep\n"
+         "  --context-shift        llama.cpp's own rule instead of fairkv's: when the cache would reach --budget, "
+         "keep\n"
          "                         the first --keep tokens and drop the older half of the rest (its completion tool's\n"
          "                         n_keep / n_discard); the eviction options above are refused with it\n"
          "  --keep N               under --context-shift: tokens kept at the start, in [-1, system tokens]; -1: the\n"
@@ -91,7 +93,8 @@ inline args parse(int argc, const char* const* argv) {
   if (a.context_shift && !eviction.empty())
     llama::cli::fail(eviction.front(), "an option of fairkv's eviction; --context-shift applies llama.cpp's own rule");
   if (keep_given && !a.context_shift) llama::cli::fail("--keep", "needs --context-shift");
-  if (a.keep_original && a.context_shift) llama::cli::fail("--keep-original", "a compaction's option; not with --context-shift");
+  if (a.keep_original && a.context_shift)
+    llama::cli::fail("--keep-original", "a compaction's option; not with --context-shift");
   a.chat = llama::chat_cli::parse(int(rest.size()), rest.data());
   if (a.context_shift) a.chat.req.compress.policy = "none";  // what the report says: fairkv evicts nothing
   if (a.chat.forward.q8_activations) llama::cli::fail("--q8", "fairkv-llama's own activation kernels");
@@ -119,10 +122,10 @@ inline int run(args a) {
                  a.context_shift ? ("context shift, n_keep " + std::to_string(session.n_keep())).c_str()
                                  : ("policy " + c.req.compress.policy + (c.req.compress.fair ? " (fair)" : "")).c_str(),
                  session.system_segments().size());
-  const std::string header = "\"engine\": \"llama.cpp\", \"mode\": " +
-                             std::string(a.context_shift ? "\"context_shift\"" : "\"fairkv\"") +
-                             ", \"n_keep\": " + std::to_string(session.n_keep()) + ", \"keep_original\": " +
-                             (a.keep_original ? "true" : "false") + ", ";
+  const std::string header =
+      "\"engine\": \"llama.cpp\", \"mode\": " + std::string(a.context_shift ? "\"context_shift\"" : "\"fairkv\"") +
+      ", \"n_keep\": " + std::to_string(session.n_keep()) +
+      ", \"keep_original\": " + (a.keep_original ? "true" : "false") + ", ";
   return llama::chat_cli::converse(c, session, "fairkv-llamacpp chat", header);
 }
 

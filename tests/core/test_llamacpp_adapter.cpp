@@ -194,6 +194,33 @@ TEST_CASE("llamacpp adapter: K-norm on a hand-written state keeps the largest ke
   }
 }
 
+TEST_CASE("llamacpp adapter: the state written over its own bytes is the one written into a new buffer") {
+  // Sections move forward by different amounts (fewer cells, V rows or V^T): every kept count, both layouts.
+  for (bool v_trans : {false, true})
+    for (const int n : {9, 40}) {
+      synthetic s;
+      s.v_trans = v_trans;
+      s.n = n;
+      s.layers = 3;
+      const std::vector<std::uint8_t> bytes = s.bytes();
+      lc::seq_state st;
+      REQUIRE(lc::parse_seq_state(bytes, s.shape().expect, st) == "");
+      for (std::uint32_t m = 1; m <= std::uint32_t(n); ++m) {
+        CAPTURE(v_trans);
+        CAPTURE(n);
+        CAPTURE(m);
+        const std::vector<std::uint8_t> fresh = lc::write_seq_state(bytes, st, m);
+        std::vector<std::uint8_t> over = bytes;
+        lc::write_seq_state_in_place(over, st, m);
+        CHECK(over == fresh);
+        lc::seq_state back;
+        REQUIRE(lc::parse_seq_state(over, s.shape().expect, back) == "");
+        CHECK(back.cell_count == m);
+        CHECK(back.pos.back() == st.pos.back());
+      }
+    }
+}
+
 TEST_CASE("llamacpp adapter: every refusal names its cause and leaves the state's bytes untouched") {
   synthetic s;
   const std::vector<std::uint8_t> original = s.bytes();

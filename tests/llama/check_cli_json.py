@@ -79,16 +79,21 @@ def check_bad_input(binary, model):
 
 
 def check_interactive_chat(binary, model):
-    # An interactive line longer than the budget is refused and skipped; the next line is answered as turn 1.
+    # An interactive line longer than the budget is refused, reported and skipped; the next line is answered as
+    # turn 1.
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "chat.json")
         p = subprocess.run([binary, "chat", "--model", model, "--system", SYSTEM, "--budget", "160", "--policy",
                             "knorm", "--max-new-tokens", "8", "--threads", "2", "--quiet", "--json", out],
                            input="hello " * 200 + "\nWhat do you sell?\n", capture_output=True, text=True)
         assert p.returncode == 0, (p.returncode, p.stderr)
-        assert "more than --budget 160" in p.stderr and "line skipped, the conversation goes on" in p.stderr, p.stderr
+        assert "more than --budget 160" in p.stderr and "turn skipped, the conversation goes on" in p.stderr, p.stderr
         with open(out, encoding="utf-8") as f:
-            turns = json.load(f)["turns"]
+            entries = json.load(f)["turns"]
+        refused = [t for t in entries if "refused" in t]
+        turns = [t for t in entries if "refused" not in t]
+        assert len(refused) == 1 and "more than --budget 160" in refused[0]["refused"], entries
+        assert refused[0]["user"] == "hello " * 200, refused
         assert [t["turn"] for t in turns] == [1] and turns[0]["user"] == "What do you sell?", turns
         assert 0 < turns[0]["capacity"] <= 160 and turns[0]["warning"] == "", turns[0]
     print("chat: an over-budget interactive line skipped, the next one answered")

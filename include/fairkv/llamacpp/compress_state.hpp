@@ -135,8 +135,9 @@ template <class K>
 }
 
 // Plans layer l: the whole layer into plans[0] with req's segments and whitelist, or (per_head) each KV head h into
-// plans[h] with head_request_of(l, h)'s; per_head under union_heads plans the whole layer with head_request_of(l, 0)'s. Attention recomputed from the queries runs fairkv's register-tiled GEMM
-// over f32 keys, so the layer's f16 keys are widened once (n x row conversions) rather than in the innermost loop.
+// plans[h] with head_request_of(l, h)'s (per_head under union_heads: the whole layer with head_request_of(l, 0)'s).
+// Attention recomputed from the queries runs fairkv's register-tiled GEMM over f32 keys, so the layer's f16 keys
+// are widened once (n x row conversions) rather than in the innermost loop.
 template <class HeadRequests, class Statistics, class Planner>
 std::string plan_layer(const seq_state& st, const std::uint8_t* base, int l, const state_shape& shape,
                        const request& req, const policy_spec& spec, bool per_head, HeadRequests& head_request_of,
@@ -181,8 +182,9 @@ std::string plan_layer(const seq_state& st, const std::uint8_t* base, int l, con
     const head_request hr = head_request_of(l, int(h));
     policy_spec head_spec = spec;
     if (!hr.priorities.empty()) head_spec.priorities = hr.priorities;
-    const std::string e = widen ? plan(head_spec, slice_heads(wide, h, 1), hr.segments, hr.whitelist, plans[std::size_t(h)])
-                                : plan(head_spec, slice_heads(in, h, 1), hr.segments, hr.whitelist, plans[std::size_t(h)]);
+    keep_plan& out = plans[std::size_t(h)];
+    const std::string e = widen ? plan(head_spec, slice_heads(wide, h, 1), hr.segments, hr.whitelist, out)
+                                : plan(head_spec, slice_heads(in, h, 1), hr.segments, hr.whitelist, out);
     if (!e.empty()) return "fairkv plan (layer " + std::to_string(l) + " head " + std::to_string(h) + "): " + e;
   }
   return {};
