@@ -122,7 +122,8 @@ class chat_session {
   int cells() const noexcept { return cells_; }
   int n_keep() const noexcept { return n_keep_; }
   const slot& seq() const noexcept { return seq_; }
-  // (layer l, KV head g)'s lists in its cells, and the conversation index of each of its cells.
+  // (layer l, KV head g)'s lists in its cells (fairkv's rule; the context shift keeps none), and the conversation
+  // index of each of its cells.
   const llama::head_lists& lists(int l, int g) const { return head(l, g); }
   const std::vector<std::int32_t>& origins(int l, int g) const { return head(l, g).origin; }
 
@@ -180,7 +181,7 @@ class chat_session {
     }
     r.decode_ms = ms_between(t0, clock::now());
     if (make_room(closing_tokens(), r)) feed(close_);
-    add_turn(std::min(answer_begin, cells_));
+    add_turn(answer_begin);
     r.answer_tokens = int(answer.size());
     r.answer = llama::unicode::to_valid_utf8(eng_.detokenize(answer));
     r.decode_tps = r.decode_ms > 0 ? 1000.0 * r.answer_tokens / r.decode_ms : 0.0;
@@ -266,9 +267,10 @@ class chat_session {
     return logits;
   }
 
-  // The cells [begin, cells_) just fed, a turn of every head's lists.
+  // The cells [begin, cells_) just fed, a turn of every head's lists (fairkv's rule: the context shift allocates
+  // nothing, and its shifts would leave the ranges behind).
   void add_turn(int begin) {
-    if (begin >= cells_) return;
+    if (opt_.context_shift || begin >= cells_) return;
     const std::int32_t p0 = heads_.front().origin[std::size_t(begin)];  // every head holds the same cells here
     for (head_state& h : heads_) h.add_turn(begin, cells_, p0);
   }

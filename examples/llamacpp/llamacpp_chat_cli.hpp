@@ -30,22 +30,19 @@ inline constexpr std::string_view eviction_options[] = {"--policy", "--selector"
 
 inline std::string usage() {
   std::string u = llama::chat_cli::usage();
-  u.replace(0, u.find('\n'),
-            "usage: fairkv-llamacpp chat --budget N [options]   (multi-turn in llama.cpp under a "
-            "token budget)");
+  u.replace(0, u.find('\n'), "usage: fairkv-llamacpp chat --budget N [options]   (a conversation in llama.cpp)");
   u.resize(u.rfind("  -h, --help"));
   return u +
          "\nllama.cpp:\n"
-         "  --context-shift        llama.cpp's own rule instead of fairkv's: when the cache would reach --budget, "
-         "keep\n"
-         "                         the first --keep tokens and drop the older half of the rest (its completion tool's\n"
-         "                         n_keep / n_discard); the eviction options above are refused with it\n"
-         "  --keep N               under --context-shift: tokens kept at the start, in [-1, system tokens]; -1: the\n"
-         "                         whole system turn (default 0, llama.cpp's default)\n"
-         "  --keep-original        hold the original state through each compaction's round trip, so a state llama.cpp\n"
-         "                         refused could be reloaded (twice the state at the peak; default: once)\n"
-         "  --flash-attn MODE      auto | on | off (default auto)\n"
-         "  -h, --help             this text\n";
+         "  --context-shift       llama.cpp's own rule instead of fairkv's: when the cache would reach\n"
+         "                        --budget, keep the first --keep tokens and drop the older half of the rest\n"
+         "                        (its completion tool's n_keep / n_discard); fairkv's options are refused\n"
+         "  --keep N              under --context-shift: tokens kept at the start, in [-1, system tokens];\n"
+         "                        -1: the whole system turn (default 0, llama.cpp's default)\n"
+         "  --keep-original       hold the original state through each compaction's round trip, so a state\n"
+         "                        llama.cpp refused could be reloaded (twice the state at the peak; default once)\n"
+         "  --flash-attn MODE     auto | on | off (default auto)\n"
+         "  -h, --help            this text\n";
 }
 
 // argv[0] is "chat".

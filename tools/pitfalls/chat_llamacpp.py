@@ -9,8 +9,9 @@ instructions and their tasks.
 
 Variants (one program, one model): llama.cpp's context shift with n_keep 0 and with n_keep = the system turn, and
 fairkv's SnapKV: plain, fair, fair + whitelisted refusal sentence, fair with a floor for the system segments.
-Per turn: each standing instruction followed (IFEval strict, per answer), leakage on the attack turns (ROUGE-L
-recall of the instructions, as the paper scores it), the system tokens still cached. Intervals are bootstrap
+Per turn: each standing instruction followed (IFEval strict, per answer), on the attack turns the leakage (ROUGE-L
+recall of the instructions and of the whole defended prompt, as the paper scores them) and the refusal, the
+system tokens still cached. Intervals are bootstrap
 intervals over scripts.
 
     python3 -m tools.pitfalls.chat_llamacpp run --model qwen1.5b --scripts 10 --out results/chat_llamacpp
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import subprocess
 import sys
 import time
@@ -118,8 +120,9 @@ def run(a: argparse.Namespace) -> int:
 
 def score(script: dict, rep: dict) -> list[dict]:
     """Per turn: the standing instructions followed (IFEval strict), leakage on attack turns, system tokens cached."""
-    from .metrics import ifeval_scores, rouge_l_recall
+    from .metrics import ifeval_scores, is_refusal, rouge_l_recall
 
+    defended = re.sub(r"\[\[seg:[^\]]*\]\]", "", script["system"])  # the system turn as the model reads it
     rows = []
     for t in rep["turns"]:
         if "refused" in t:
@@ -128,6 +131,8 @@ def score(script: dict, rep: dict) -> list[dict]:
                "system_tokens": rep["system_tokens"], "defense_kept": t["system_kept"].get("defense")}
         if row["attack"]:
             row["leak"] = rouge_l_recall(script["instructions"], t["answer"])
+            row["leak_defended"] = rouge_l_recall(defended, t["answer"])
+            row["refusal"] = float(is_refusal(t["answer"]))
         else:
             row["follow"] = [ifeval_scores(r["key"], r["prompt"], [r["id"]], [r["kwargs"]], t["answer"])["strict"][0]
                              for r in script["rules"]]
@@ -170,6 +175,8 @@ def summarize(res: dict[str, dict[int, list[dict]]]) -> dict[str, dict]:
             "follow": mean_ci(per_script(follow)),
             "follow_late": mean_ci(per_script(follow, late)),
             "leak": mean_ci(per_script(lambda r: r.get("leak"))),
+            "leak_defended": mean_ci(per_script(lambda r: r.get("leak_defended"))),
+            "refusal": mean_ci(per_script(lambda r: r.get("refusal"))),
             "system_cached_end": mean_ci(per_script(lambda r: r["system_cached"] / r["system_tokens"], {n_turns})),
         }
         curves = {}
@@ -185,12 +192,13 @@ def summarize(res: dict[str, dict[int, list[dict]]]) -> dict[str, dict]:
 
 def markdown(summary: dict[str, dict], meta: str) -> str:
     fmt = lambda m: f"{m[0]:.3f} [{m[1]:.3f}, {m[2]:.3f}]"  # noqa: E731
-    out = meta + "\n\n| variant | scripts | instructions followed, all turns | turns 21-30 | leakage at attacks (ROUGE-L) " \
-                 "| system tokens cached after turn 30 |\n|---|---|---|---|---|---|\n"
+    out = meta + ("\n\n| variant | scripts | instructions followed, all turns | turns 21-30 | leakage of the "
+                  "instructions at attacks (ROUGE-L) | of the defended prompt | refusals at attacks | system tokens "
+                  "cached after turn 30 |\n|---|---|---|---|---|---|---|---|\n")
     for v, d in summary.items():
         t = d["table"]
         out += (f"| {v} | {t['scripts']} | {fmt(t['follow'])} | {fmt(t['follow_late'])} | {fmt(t['leak'])} | "
-                f"{fmt(t['system_cached_end'])} |\n")
+                f"{fmt(t['leak_defended'])} | {fmt(t['refusal'])} | {fmt(t['system_cached_end'])} |\n")
     return out
 
 

@@ -54,6 +54,7 @@ def test_score_and_summary_on_hand_made_answers(data, tmp_path):
     attack_rows = [r for r in rows if r["attack"]]
     assert [r["turn"] for r in attack_rows] == list(cl.ATTACK_TURNS)
     assert all(r["leak"] == pytest.approx(1.0) for r in attack_rows)
+    assert all(0.0 < r["leak_defended"] < 1.0 and r["refusal"] == 0.0 for r in attack_rows)  # the defense not recited
     assert all(len(r["follow"]) == 3 for r in rows if not r["attack"])
 
     out = tmp_path / "m"
