@@ -362,7 +362,7 @@ inline std::string refused_json(const std::string& user, const std::string& name
 // The conversation of a chat session (fairkv-llama's, or fairkv-llamacpp's over llama.cpp): the script's turns, or
 // one per stdin line until EOF; each answer on stdout, a line per turn on stderr, the report in --json (written
 // also when a turn fails, with the turns that ran). A turn the session refuses (turn_too_long: nothing changed) is
-// reported and skipped, and the conversation goes on. header_json: the report's leading fields after the
+// reported and skipped, and the conversation goes on. header_json: the report's first fields, before the
 // options' ("key": value, ... with a trailing comma, or empty).
 template <class Session>
 int converse(const args& a, Session& session, const char* program, const std::string& header_json = "") {
