@@ -333,7 +333,6 @@ class chat_session {
     };
     fairkv::llamacpp::request lib{spec, {}, {}, fairkv::keep_target::of_tokens(target)};
     lib.keep_original = opt_.keep_original;
-    r.state_bytes = std::int64_t(llama_state_seq_get_size(eng_.ctx(), seq_.id()));
     const fairkv::llamacpp::compression c = fairkv::llamacpp::compress_sequence_per_head(
         eng_.ctx(), seq_.id(), eng_.state_shape(), lib, head_request_of, statistics_of, compiled_planner{});
     if (!c.error.empty()) {
@@ -343,6 +342,7 @@ class chat_session {
       throw llama::turn_too_long("turn " + std::to_string(turn) + ": the compaction was refused (" + c.error +
                                  "); nothing changed");
     }
+    r.state_bytes = std::int64_t(c.state_bytes_before);
     r.round_trip_ms = c.parse_ms + c.plan_ms + c.write_ms;
     const int kvh = eng_.n_head_kv(), group = n_head / kvh, hd = eng_.head_dim();
     for (int l = 0; l < eng_.n_layer(); ++l) {

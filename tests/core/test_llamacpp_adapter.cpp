@@ -149,6 +149,7 @@ TEST_CASE("llamacpp adapter: K-norm on a hand-written state keeps the largest ke
     const int m = int(fairkv::keep_budget(s.n, 0.5));
     REQUIRE(c.cells_after == std::uint32_t(m));
     CHECK(c.cells_before == std::uint32_t(s.n));
+    CHECK(c.state_bytes_before == s.bytes().size());
     CHECK(c.v_trans == v_trans);
     CHECK(std::string(c.statistics) == "none");
     // Expected kept sets: the m smallest keys (K-norm keeps small norms), in ascending token order.

@@ -60,6 +60,7 @@ struct compression {
   std::string error;                // empty on success; else nothing below is meaningful
   std::vector<std::uint8_t> state;  // the state to load: only the kept cells
   std::uint32_t cells_before = 0, cells_after = 0;
+  std::size_t state_bytes_before = 0;  // the state that was compressed
   bool v_trans = false;  // the state holds V transposed (llama.cpp without flash attention)
   int window_used = 0;   // the policy's window after clamping to the sequence (kvpress needs L > window)
   const char* statistics = no_statistics::name;  // what the attention scorer read (attention_statistics' names)
@@ -225,6 +226,7 @@ template <class HeadRequests, class Statistics, class Planner>
     return out;
   }
   out.cells_before = st.cell_count;
+  out.state_bytes_before = bytes.size();
   out.v_trans = st.v_trans;
   const std::int64_t n = st.cell_count, hd = shape.head_dim, kvh = shape.n_head_kv, row = kvh * hd;
   const int n_layers = int(st.n_layer);
