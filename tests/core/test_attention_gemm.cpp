@@ -23,6 +23,18 @@
 #pragma GCC diagnostic ignored "-Wignored-attributes"  // packet types as template arguments
 #endif
 
+// The tile over one-float packets, what a compiler without vector extensions runs (simd_portable.hpp): held below
+// against the compile flags' tile.
+namespace fairkv::cpu::detail::tile_scalar {
+using namespace portable;
+using full = float;
+inline constexpr int registers = 16;
+inline constexpr bool fused_madd = false;
+#define FAIRKV_TILE_INLINE inline
+#include "fairkv/cpu/detail/attention_tile.inc"
+#undef FAIRKV_TILE_INLINE
+}  // namespace fairkv::cpu::detail::tile_scalar
+
 namespace {
 
 using namespace fairkv;
@@ -143,25 +155,24 @@ TEST_CASE("attention GEMM path: every number of rows in a pass, 1 to gemm_rows +
   });
 }
 
-// exp_nonpositive of every tile's packets on W floats at a time: the compile flags' packets through Eigen, the
-// dispatched tiles' through wrappers compiled for their ISA (called only where the CPU runs it).
+// exp_nonpositive of every tile's packets on W floats at a time, through wrappers compiled for each tile's ISA
+// (a dispatched tile's are called only where the CPU runs it).
 using packet_fn = void (*)(const float*, float*);
 
-template <class Packet>
-void eigen_exp(const float* in, float* out) {
-  Eigen::internal::pstoreu(out, cpu::detail::tile::exp_nonpositive(Eigen::internal::ploadu<Packet>(in)));
-}
 namespace tile = cpu::detail::tile;
-const packet_fn eigen_exp_full = eigen_exp<tile::full>, eigen_exp_half = eigen_exp<tile::half>,
-                eigen_exp_quarter = eigen_exp<tile::quarter>;
+namespace portable_checks {
+namespace tile_ns = cpu::detail::tile;
+namespace simd = cpu::detail::portable;
+#include "tile_checks.inc"
+}  // namespace portable_checks
 
-// The dispatched tiles' checks, each compiled in its own tile's target region (x86_tile_checks.inc).
+// The dispatched tiles' checks, each compiled in its own tile's target region (tile_checks.inc).
 #if defined(FAIRKV_TILE_AVX2)
 FAIRKV_TARGET_PUSH(FAIRKV_TARGET_AVX2)
 namespace avx2_checks {
 namespace tile_ns = cpu::detail::tile_avx2;
-namespace x86 = cpu::detail::x86;
-#include "x86_tile_checks.inc"
+namespace simd = cpu::detail::x86;
+#include "tile_checks.inc"
 }  // namespace avx2_checks
 FAIRKV_TARGET_POP
 #endif
@@ -169,8 +180,8 @@ FAIRKV_TARGET_POP
 FAIRKV_TARGET_PUSH(FAIRKV_TARGET_AVX512)
 namespace avx512_checks {
 namespace tile_ns = cpu::detail::tile_avx512;
-namespace x86 = cpu::detail::x86;
-#include "x86_tile_checks.inc"
+namespace simd = cpu::detail::x86;
+#include "tile_checks.inc"
 }  // namespace avx512_checks
 FAIRKV_TARGET_POP
 #endif
@@ -200,9 +211,9 @@ void check_exp_nonpositive(std::int64_t W, packet_fn exp_packet) {
 }
 
 TEST_CASE("attention GEMM path: the softmax's exponential against std::exp on [-87, 0]") {
-  check_exp_nonpositive(tile::lanes<tile::full>, eigen_exp_full);
-  check_exp_nonpositive(tile::lanes<tile::half>, eigen_exp_half);
-  check_exp_nonpositive(tile::lanes<tile::quarter>, eigen_exp_quarter);
+  check_exp_nonpositive(tile::lanes<tile::full>, portable_checks::exp_packet<tile::full>);
+  check_exp_nonpositive(tile::lanes<tile::half>, portable_checks::exp_packet<tile::half>);
+  check_exp_nonpositive(tile::lanes<tile::quarter>, portable_checks::exp_packet<tile::quarter>);
 #if defined(FAIRKV_TILE_AVX2)
   if (cpu::detail::detected_isa() >= cpu::detail::cpu_isa::avx2) {
     check_exp_nonpositive(4, avx2_checks::exp_packet<__m128>);
@@ -223,6 +234,49 @@ TEST_CASE("attention GEMM path: the softmax's exponential against std::exp on [-
 }
 
 #if defined(FAIRKV_TILE_AVX2) || defined(FAIRKV_TILE_AVX512)
+TEST_CASE("attention GEMM path: the compile flags' tile's packet transposes") {
+  CHECK(portable_checks::transpose_exact<tile::full, tile::lanes<tile::full>>());
+  CHECK(portable_checks::transpose_exact<tile::half, tile::lanes<tile::half>>());
+  CHECK(portable_checks::transpose_exact<tile::quarter, tile::lanes<tile::quarter>>());
+  CHECK(portable_checks::transpose_exact<float, 1>());
+}
+
+TEST_CASE("attention GEMM path: the one-float tile equals the compile flags' tile") {
+  // Every row count of a pass up to gemm_rows, windows whose causal tails cross tiles and chunks, a region that
+  // starts inside the keys.
+  namespace cd = cpu::detail;
+  std::uint32_t seed = 900;
+  for (const shape& s : {shape{2, 4, 64, 203}, shape{1, 16, 40, 97}, shape{1, 1, 8, 5}})
+    for (const std::int64_t window : {1, 7, 16}) {
+      for (const std::int64_t rb : {std::int64_t{0}, s.tokens / 3}) {
+        const two_layouts k(s, ++seed);
+        const std::int64_t w = std::min(window, s.tokens - rb);
+        const std::vector<float> q = fairkv_test::random_floats(
+            static_cast<std::size_t>(s.heads * s.group * w * s.head_dim), seed + 7, -2.f, 2.f);
+        const std::int64_t n = s.tokens - rb, chunks = (n + cd::gemm_chunk - 1) / cd::gemm_chunk;
+        std::vector<float> scratch(static_cast<std::size_t>(cd::gemm_rows * n + cd::gemm_rows * cd::gemm_max_head_dim +
+                                                            cd::gemm_rows + 2 * cd::gemm_rows * chunks));
+        for (std::int64_t h = 0; h < s.heads; ++h) {
+          const cd::query_rows qr{
+              q.data() + h * s.group * w * s.head_dim, w * s.head_dim, s.head_dim, s.group, w, s.tokens - w, 1};
+          const std::int64_t rows = std::min(cd::gemm_rows, s.group * w);
+          std::vector<float> vec(static_cast<std::size_t>(n), 0.f), one(vec);
+          cd::tile::add_block(k.gemm_view, 0, h, qr, 0, rows, rb, 0.125f, vec.data(), n, scratch.data());
+          cd::tile_scalar::add_block(k.gemm_view, 0, h, qr, 0, rows, rb, 0.125f, one.data(), n, scratch.data());
+          double mass = 0;
+          for (std::int64_t t = 0; t < n; ++t) {
+            INFO("heads " << s.heads << " group " << s.group << " d " << s.head_dim << " L " << s.tokens << " window "
+                          << w << " rb " << rb << " head " << h << " token " << t);
+            const float x = vec[static_cast<std::size_t>(t)], y = one[static_cast<std::size_t>(t)];
+            REQUIRE(std::abs(x - y) <= 1e-5f * std::max(1.f, std::abs(y)));
+            mass += y;
+          }
+          CHECK(mass == doctest::Approx(static_cast<double>(rows)).epsilon(1e-5));  // each row's softmax sums to 1
+        }
+      }
+    }
+}
+
 TEST_CASE("attention GEMM path: the dispatched tiles' packet transposes") {
   const cpu::detail::cpu_isa cpu = cpu::detail::detected_isa();
 #if defined(FAIRKV_TILE_AVX2)

@@ -97,24 +97,25 @@ template <class S, class Sel, class A, class KeySource, class Q, executor E>
                                    std::span<const segment> segments, std::span<const std::int32_t> whitelist,
                                    const keep_target& target, std::int64_t b, std::int64_t ld, const plan_workspace& w,
                                    keep_plan_view out) {
-  namespace front = fairkv::detail;
   const std::int64_t heads = in.keys.heads, L = in.keys.tokens_of(b);
   const std::span<const segment> sorted(w.sorted, segments.size());
   segment widened[2];
-  const front::grouping g = front::build_runs(front::grouping_segments<S, A>(sorted, L, widened), L, w.runs, w.sizes);
+  const fairkv::detail::grouping g =
+      fairkv::detail::build_runs(fairkv::detail::grouping_segments<S, A>(sorted, L, widened), L, w.runs, w.sizes);
   sequence_groups s{b, L, target.n_keep(L), 0, g.groups, g.runs};
   index_runs_by_group(w.runs, s.n_runs, s.groups, w.run_order, w.group_first);
   for (std::int64_t r = 0; r < s.n_runs; ++r)
     std::fill(w.group_of + w.runs[r].begin, w.group_of + w.runs[r].end, static_cast<std::int32_t>(w.runs[r].group));
   std::fill(w.forced, w.forced + L, std::uint8_t{0});
   std::fill(w.forced_per_group, w.forced_per_group + s.groups, 0);
-  FAIRKV_TRY(front::force_tokens(whitelist, front::protection_of(pol.allocator), segments, L, s.n_keep, b, target,
-                                 s.forced_total, [&](std::int64_t t) {
-                                   if (w.forced[t]) return false;
-                                   w.forced[t] = 1;
-                                   ++w.forced_per_group[w.group_of[t]];
-                                   return true;
-                                 }));
+  const auto force = [&](std::int64_t t) {  // false: already forced
+    if (w.forced[t]) return false;
+    w.forced[t] = 1;
+    ++w.forced_per_group[w.group_of[t]];
+    return true;
+  };
+  FAIRKV_TRY(fairkv::detail::force_tokens(whitelist, fairkv::detail::protection_of(pol.allocator), segments, L,
+                                          s.n_keep, b, target, s.forced_total, force));
   FAIRKV_TRY((score_sequence<S, A>(ex, pol.scorer, in, w, ld, sorted, s)));
   if constexpr (Sel::kind == selection_kind::union_heads) head_mean(w.scores, ld, heads, L, w.mean_scores);
   if constexpr (A::needs_own_allocation) own_allocation<Sel>(w, ld, heads, s);
@@ -125,8 +126,8 @@ template <class S, class Sel, class A, class KeySource, class Q, executor E>
                                {w.forced_per_group, G},
                                {w.own, A::needs_own_allocation ? static_cast<std::size_t>(heads) * G : 0u},
                                {w.scratch, 2 * G},
-                               front::group_origins<S, A>({w.origin, segments.size()})};
-  FAIRKV_TRY(front::allocate_budgets(pol.allocator, ctx, {w.budgets, static_cast<std::size_t>(heads) * G}));
+                               fairkv::detail::group_origins<S, A>({w.origin, segments.size()})};
+  FAIRKV_TRY(fairkv::detail::allocate_budgets(pol.allocator, ctx, {w.budgets, static_cast<std::size_t>(heads) * G}));
   FAIRKV_TRY(select_sequence(ex, pol.selector, w, ld, heads, s, out));
   out.lengths[b] = static_cast<std::int32_t>(L);
   return {};

@@ -5,7 +5,7 @@
 // statistic (the summation orders differ, and SnapKV sums a group's windows before pooling them: parity within
 // float rounding, not bit for bit).
 //
-// The product is written with Eigen's packet primitives rather than as an Eigen GEMM. The query block is small
+// The product is written with packet primitives rather than as an Eigen GEMM. The query block is small
 // (64 rows x head_dim) and the keys are long, so the block is transposed once ([head_dim, rows]: a packet holds
 // one key's logits for `lanes` consecutive rows) and every key is read straight from the engine's cache and
 // broadcast against it: the keys are never packed. An Eigen GEMM packs both operands of every product; at this
@@ -16,12 +16,10 @@
 // Only float keys and float queries with unit-stride rows take this path; other element types and strides keep
 // the row path (they convert element by element anyway).
 //
-// The tile itself is attention_tile.inc, included here once per ISA: over Eigen's packets for the compile flags, and
-// on x86-64 also for AVX2 and AVX-512 over simd_x86.hpp's packets; add_attention_block runs the widest the CPU
+// The tile itself is attention_tile.inc, included here once per ISA: over simd_portable.hpp's packets for the compile
+// flags, and on x86-64 also for AVX2 and AVX-512 over simd_x86.hpp's; add_attention_block runs the widest the CPU
 // supports (cpu_isa.hpp).
 #pragma once
-
-#include <Eigen/Core>
 
 #include <algorithm>
 #include <cstddef>
@@ -31,6 +29,7 @@
 #include <utility>
 
 #include "fairkv/cpu/detail/cpu_isa.hpp"
+#include "fairkv/cpu/detail/simd_portable.hpp"
 #include "fairkv/cpu/detail/simd_x86.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/scorer.hpp"
@@ -104,32 +103,26 @@ struct query_rows {
 #pragma GCC diagnostic ignored "-Wignored-attributes"  // packet types (__m512, ...) as template arguments
 #endif
 
-#define FAIRKV_TILE_INLINE EIGEN_STRONG_INLINE
-
-// The tile over Eigen's packets: the ISA of the compile flags.
-namespace tile {
-using Eigen::internal::padd, Eigen::internal::pcmp_eq, Eigen::internal::pcmp_lt, Eigen::internal::pdiv,
-    Eigen::internal::pexp, Eigen::internal::ploadu, Eigen::internal::plogical_shift_left, Eigen::internal::pmadd,
-    Eigen::internal::pmax, Eigen::internal::pmul, Eigen::internal::predux, Eigen::internal::preinterpret,
-    Eigen::internal::pselect, Eigen::internal::pset1, Eigen::internal::pstoreu, Eigen::internal::psub,
-    Eigen::internal::ptranspose, Eigen::internal::PacketBlock, Eigen::internal::unpacket_traits;
-using full = Eigen::internal::packet_traits<float>::type;
-inline constexpr int registers = EIGEN_ARCH_DEFAULT_NUMBER_OF_REGISTERS;
-#if defined(EIGEN_HAS_SINGLE_INSTRUCTION_MADD)
-inline constexpr bool fused_madd = true;
+#if defined(__GNUC__) || defined(__clang__)
+#define FAIRKV_TILE_INLINE inline __attribute__((always_inline))
 #else
-inline constexpr bool fused_madd = false;
+#define FAIRKV_TILE_INLINE inline
 #endif
+
+// The tile of the compile flags, over simd_portable.hpp's vector-extension packets: the ISA the flags give (SSE2
+// on baseline x86-64, NEON on arm64, ...), and the only one where fairkv does not dispatch.
+namespace tile {
+using namespace portable;
+using full = widest;
+inline constexpr int registers = vector_registers;
+inline constexpr bool fused_madd = contracts_madd;
 #include "fairkv/cpu/detail/attention_tile.inc"
 }  // namespace tile
 
 #if defined(FAIRKV_ISA_DISPATCH)
-#undef FAIRKV_TILE_INLINE
-#define FAIRKV_TILE_INLINE inline __attribute__((always_inline))
-
-// The same tile for the ISAs the compile flags do not reach (cpu_isa.hpp), each in its target region.
-// FAIRKV_TILE_AVX2 / FAIRKV_TILE_AVX512 say which of them this translation unit has.
-#if !defined(EIGEN_VECTORIZE_AVX2) || !defined(EIGEN_VECTORIZE_FMA)
+// The same tile over simd_x86.hpp's intrinsics for AVX2 and AVX-512, each in its target region, run where the CPU
+// has them (cpu_isa.hpp) whatever the flags: hand-written shuffles transpose the sums, where the portable packets go
+// through memory. FAIRKV_TILE_AVX2 / FAIRKV_TILE_AVX512 say that this translation unit has them.
 #define FAIRKV_TILE_AVX2 1
 FAIRKV_TARGET_PUSH(FAIRKV_TARGET_AVX2)
 namespace tile_avx2 {
@@ -140,9 +133,7 @@ inline constexpr bool fused_madd = true;
 #include "fairkv/cpu/detail/attention_tile.inc"
 }  // namespace tile_avx2
 FAIRKV_TARGET_POP
-#endif
 
-#if !defined(EIGEN_VECTORIZE_AVX512)
 #define FAIRKV_TILE_AVX512 1
 FAIRKV_TARGET_PUSH(FAIRKV_TARGET_AVX512)
 namespace tile_avx512 {
@@ -153,7 +144,6 @@ inline constexpr bool fused_madd = true;
 #include "fairkv/cpu/detail/attention_tile.inc"
 }  // namespace tile_avx512
 FAIRKV_TARGET_POP
-#endif
 #endif  // FAIRKV_ISA_DISPATCH
 
 #undef FAIRKV_TILE_INLINE

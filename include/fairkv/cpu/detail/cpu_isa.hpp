@@ -17,8 +17,6 @@
 #include <cstddef>
 #include <cstdlib>
 
-#include <Eigen/Core>
-
 #if !defined(FAIRKV_NO_ISA_DISPATCH) && !defined(__CUDACC__) && !defined(_MSC_VER) && \
     (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
 #define FAIRKV_ISA_DISPATCH 1
@@ -44,11 +42,11 @@ namespace fairkv::cpu::detail {
 
 enum class cpu_isa : int { compiled = 0, avx2 = 1, avx512 = 2 };
 
-// What the compile flags already give Eigen's packets: a dispatched kernel runs only where it is wider.
+// What the compile flags already guarantee of the CPU: a dispatched kernel at least that wide always runs.
 inline constexpr cpu_isa compiled_isa =
-#if defined(EIGEN_VECTORIZE_AVX512)
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
     cpu_isa::avx512;
-#elif defined(EIGEN_VECTORIZE_AVX2) && defined(EIGEN_VECTORIZE_FMA)
+#elif defined(__AVX2__) && defined(__FMA__)
     cpu_isa::avx2;
 #else
     cpu_isa::compiled;
@@ -97,26 +95,26 @@ inline std::atomic<int> pinned_isa{-1};
   return static_cast<cpu_isa>(std::max(runnable, static_cast<int>(compiled_isa)));
 }
 
-// What a kernel runs, by name: the dispatched ones by their ISA, the flags' own by the widest vector extension Eigen
-// was compiled for.
+// What a kernel runs, by name: the dispatched ones by their ISA, the flags' own by the widest vector instructions
+// they enable.
 [[nodiscard]] constexpr const char* isa_name(cpu_isa isa) noexcept {
   switch (isa) {
     case cpu_isa::avx512: return "avx512";
     case cpu_isa::avx2: return "avx2";
     default: break;
   }
-#if defined(EIGEN_VECTORIZE_AVX512)
+#if defined(__CUDACC__) || !(defined(__GNUC__) || defined(__clang__))
+  return "scalar";  // simd_portable.hpp: no vector extensions here
+#elif defined(__AVX512F__)
   return "avx512";
-#elif defined(EIGEN_VECTORIZE_AVX)
+#elif defined(__AVX__)
   return "avx";
-#elif defined(EIGEN_VECTORIZE_SSE2)
+#elif defined(__SSE2__)
   return "sse2";
-#elif defined(EIGEN_VECTORIZE_NEON)
+#elif defined(__ARM_NEON)
   return "neon";
-#elif defined(EIGEN_VECTORIZE)
-  return "simd";
 #else
-  return "scalar";
+  return "vector";
 #endif
 }
 

@@ -1,8 +1,8 @@
 // The packet operations attention_tile.inc uses, for the x86 kernels fairkv compiles beyond the engine's flags
-// (cpu_isa.hpp): the subset of Eigen's packet primitives the tile needs, with Eigen's names and semantics, over the
-// intrinsic types. Eigen's own AVX packets exist only when the whole translation unit is compiled for AVX, so these
-// are written here, each function compiled for its ISA with a target attribute (GCC and clang): 128- and 256-bit
-// packets for AVX2 + FMA, 512-bit ones for AVX-512F. Nothing here may run before cpu_isa.hpp has checked the CPU.
+// (cpu_isa.hpp): simd_portable.hpp's primitives (names and semantics as Eigen's packet primitives) over the intrinsic
+// types, each function compiled for its ISA with a target attribute (GCC and clang): 128- and 256-bit packets for
+// AVX2 + FMA, 512-bit ones for AVX-512F. Intrinsics rather than vector extensions here for the transposes, which
+// the compilers do not find from portable code. Nothing here may run before cpu_isa.hpp has checked the CPU.
 #pragma once
 
 #include "fairkv/cpu/detail/cpu_isa.hpp"
@@ -78,7 +78,7 @@ FAIRKV_X86_INLINE __m128 pdiv(__m128 a, __m128 b) { return _mm_div_ps(a, b); }
 FAIRKV_X86_INLINE __m256 pdiv(__m256 a, __m256 b) { return _mm256_div_ps(a, b); }
 FAIRKV_X86_INLINE __m128 pmadd(__m128 a, __m128 b, __m128 c) { return _mm_fmadd_ps(a, b, c); }
 FAIRKV_X86_INLINE __m256 pmadd(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
-// Eigen's pmax: a NaN in either argument gives the first (maxps returns its second operand then).
+// pmax: a NaN in either argument gives the first (maxps returns its second operand then).
 FAIRKV_X86_INLINE __m128 pmax(__m128 a, __m128 b) { return _mm_max_ps(b, a); }
 FAIRKV_X86_INLINE __m256 pmax(__m256 a, __m256 b) { return _mm256_max_ps(b, a); }
 // Masks are packets with every bit of a true lane set; pselect(m, a, b) takes a where m is set.
