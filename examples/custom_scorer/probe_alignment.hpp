@@ -6,7 +6,9 @@
 // backend calls that operator inside its scoring kernel, so it must be marked FAIRKV_HOST_DEVICE (= __host__
 // __device__ under nvcc, nothing for a host compiler): without it the CPU build still works, but nvcc refuses
 // the call from device code. Everything it calls must be device-callable too (constexpr or FAIRKV_HOST_DEVICE
-// functions; key_row's operator[] is).
+// functions; key_row's operator[] is). For the GPU to keep exactly the CPU's tokens, the float arithmetic must round
+// alike on both: nvcc fuses a * b + c into one multiply-add by default, which a baseline host build does not, so
+// products that feed a sum go through fairkv::mul_add_rounded (the same expression, never fused on the device).
 #pragma once
 
 #include <cmath>
@@ -16,6 +18,7 @@
 #include "fairkv/allocators/fair.hpp"
 #include "fairkv/config.hpp"
 #include "fairkv/policy.hpp"
+#include "fairkv/rounded_math.hpp"
 #include "fairkv/scorer.hpp"
 #include "fairkv/segments.hpp"
 #include "fairkv/selectors/per_head.hpp"
@@ -29,7 +32,7 @@ struct probe_alignment {
   // A template on the row type: the backends pass key_row<T, Contiguous> for float, half and bfloat16 caches.
   template <class Row>
   FAIRKV_HOST_DEVICE float operator()(const Row& k, const fairkv::token_info&) const noexcept {
-    return k[0] * probe_x + k[1] * probe_y;
+    return fairkv::mul_add_rounded(k[0], probe_x, k[1] * probe_y);  // k[0] * probe_x + k[1] * probe_y
   }
 };
 static_assert(fairkv::Scorer<probe_alignment>);

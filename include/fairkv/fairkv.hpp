@@ -25,6 +25,7 @@
 #include "fairkv/registry.hpp"
 #include "fairkv/remap.hpp"
 #include "fairkv/rope.hpp"
+#include "fairkv/rounded_math.hpp"
 #include "fairkv/scorer.hpp"
 #include "fairkv/scorers/external.hpp"
 #include "fairkv/scorers/h2o.hpp"

@@ -1,5 +1,5 @@
 // Umbrella header of the CUDA backend (needs nvcc, C++20): plan, planner, compact, can_implement, from_cuda.
-// See docs/cuda-backend.md for the design, the limits and the build flags (-fmad=false for bitwise parity).
+// See docs/cuda-backend.md for the design, the limits and the build flags.
 #pragma once
 
 #include "fairkv/cuda/compact.cuh"

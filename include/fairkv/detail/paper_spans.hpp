@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "fairkv/config.hpp"
+#include "fairkv/rounded_math.hpp"
 
 namespace fairkv::detail {
 
@@ -19,7 +20,10 @@ struct paper_spans {
 [[nodiscard]] FAIRKV_HOST_DEVICE inline float linspace_01_09(std::int64_t i, std::int64_t n) noexcept {
   if (n == 1) return 0.1f;
   const float start = 0.1f, end = 0.9f, step = (end - start) / static_cast<float>(n - 1);
-  return i < n / 2 ? start + step * static_cast<float>(i) : end - step * static_cast<float>(n - 1 - i);
+  // start + step * i and end - step * (n - 1 - i), each product rounded before its sum on every
+  // backend (rounded_math.hpp).
+  return i < n / 2 ? mul_add_rounded(step, static_cast<float>(i), start)
+                   : mul_add_rounded(-step, static_cast<float>(n - 1 - i), end);
 }
 
 // The paper's StreamingLLM score of token t (L tokens, the first `sinks` of them sinks): 1 for a sink, else the

@@ -1,7 +1,8 @@
 // Scoring kernels for the scorers that read nothing (position, fair_paper's StreamingLLM ramps), one key row at a
 // time (keys, e.g. K-Norm), or the caller's own scores (external).
-// The scorer's own operator() runs on the device, so GPU and CPU evaluate the same float expression; with
-// nvcc's -fmad=false (see docs/cuda-backend.md) the scores are bit-identical to the CPU oracle's.
+// The scorer's own operator() runs on the device, so GPU and CPU evaluate the same float expression; its products
+// are rounded before their sums (fairkv/rounded_math.hpp), so the scores are bit-identical to the CPU oracle's
+// under any -fmad.
 #pragma once
 
 #include <cstdint>
