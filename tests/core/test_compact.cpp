@@ -77,9 +77,10 @@ void check_strided(std::mt19937& rng) {
     if (!v_written[i]) REQUIRE(same_bits(&vbuf[i], &v0[i], 1));
 }
 
+// v_own: V's pool has its own strides, the other layout with each head's row padded by 3 elements.
 template <class T>
-void check_paged(std::mt19937& rng, page_layout layout) {
-  const std::int64_t H = 2, D = 4, P = 5, pages = 16;
+void check_paged(std::mt19937& rng, page_layout layout, bool v_own = false) {
+  const std::int64_t H = 2, D = 4, P = 5, pages = 16, VD = v_own ? D + 3 : D;
   // Two sequences of 13 and 9 tokens over shuffled pages; two pages belong to no sequence.
   std::vector<std::int32_t> ids(pages);
   std::iota(ids.begin(), ids.end(), 0);
@@ -88,10 +89,17 @@ void check_paged(std::mt19937& rng, page_layout layout) {
   const std::vector<std::int32_t> indices(ids.begin(), ids.begin() + 5);
   const std::vector<std::int32_t> last{3, 4};
   auto kpool = random_elements<T>(static_cast<std::size_t>(pages * P * H * D), rng());
-  auto vpool = random_elements<T>(static_cast<std::size_t>(pages * P * H * D), rng());
+  auto vpool = random_elements<T>(static_cast<std::size_t>(pages * P * H * VD), rng());
   const auto k0 = kpool, v0 = vpool;
-  const auto view = make_paged_view(layout, kpool.data(), vpool.data(), pages, P, H, D, 2, indptr.data(),
-                                    indices.data(), last.data());
+  // V's own strides: page, slot, head, dim.
+  const std::int64_t v_nhd[4] = {P * H * VD, H * VD, VD, 1}, v_hnd[4] = {P * H * VD, VD, P * VD, 1};
+  const auto with_v = [&](paged_kv_view<T> v) {
+    if (v_own) std::copy_n(layout == page_layout::nhd ? v_hnd : v_nhd, 4, v.v_strides);
+    return v;
+  };
+  const auto view = with_v(make_paged_view(layout, kpool.data(), vpool.data(), pages, P, H, D, 2, indptr.data(),
+                                           indices.data(), last.data()));
+  REQUIRE(validate(view, "view").ok());
   REQUIRE(view.tokens_of(0) == 13);
   REQUIRE(view.tokens_of(1) == 9);
   // Plan from the paged keys directly (scoring reads through the page table).
@@ -105,10 +113,10 @@ void check_paged(std::mt19937& rng, page_layout layout) {
   REQUIRE(plan.count(0, 0) == 6);
   REQUIRE(plan.count(1, 0) == 4);
   // Reference: the kept rows, read through the page table of the original pools.
-  const auto ref_side = make_paged_view(layout, const_cast<T*>(k0.data()), const_cast<T*>(v0.data()), pages, P, H, D,
-                                        2, indptr.data(), indices.data(), last.data());
+  const auto ref_side = with_v(make_paged_view(layout, const_cast<T*>(k0.data()), const_cast<T*>(v0.data()), pages,
+                                               P, H, D, 2, indptr.data(), indices.data(), last.data()));
   REQUIRE(cpu::compact(plan.view(), view).ok());
-  std::vector<bool> written(kpool.size(), false);
+  std::vector<bool> written(kpool.size(), false), v_written(vpool.size(), false);
   for (std::int64_t b = 0; b < 2; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
       const auto kept = plan.kept(b, h);
@@ -116,14 +124,18 @@ void check_paged(std::mt19937& rng, page_layout layout) {
         REQUIRE(same_bits(view.keys().row(b, h, static_cast<std::int64_t>(j)), ref_side.keys().row(b, h, kept[j]), D));
         REQUIRE(same_bits(view.values().row(b, h, static_cast<std::int64_t>(j)), ref_side.values().row(b, h, kept[j]), D));
         const auto off = static_cast<std::size_t>(view.keys().row(b, h, static_cast<std::int64_t>(j)) - kpool.data());
-        for (std::int64_t d = 0; d < D; ++d) written[off + static_cast<std::size_t>(d)] = true;
+        const auto v_off =
+            static_cast<std::size_t>(view.values().row(b, h, static_cast<std::int64_t>(j)) - vpool.data());
+        for (std::int64_t d = 0; d < D; ++d) {
+          written[off + static_cast<std::size_t>(d)] = true;
+          v_written[v_off + static_cast<std::size_t>(d)] = true;
+        }
       }
     }
   for (std::size_t i = 0; i < kpool.size(); ++i)
-    if (!written[i]) {
-      REQUIRE(same_bits(&kpool[i], &k0[i], 1));
-      REQUIRE(same_bits(&vpool[i], &v0[i], 1));
-    }
+    if (!written[i]) REQUIRE(same_bits(&kpool[i], &k0[i], 1));
+  for (std::size_t i = 0; i < vpool.size(); ++i)  // V's padding included
+    if (!v_written[i]) REQUIRE(same_bits(&vpool[i], &v0[i], 1));
   cpu::page_usage usage;
   REQUIRE(cpu::compacted_pages(plan.view(), 0, P, usage).ok());
   CHECK(usage.pages == 2);
@@ -149,6 +161,43 @@ TEST_CASE("paged compaction (NHD and HND) moves tokens within each sequence's ow
     check_paged<bfloat16_t>(rng, page_layout::nhd);
     check_paged<half_t>(rng, page_layout::hnd);
   }
+}
+
+TEST_CASE("paged compaction with V's own strides (the other layout, padded rows) moves V by them") {
+  std::mt19937 rng(12);
+  for (int i = 0; i < 10; ++i) {
+    check_paged<float>(rng, page_layout::nhd, true);
+    check_paged<half_t>(rng, page_layout::hnd, true);
+  }
+}
+
+TEST_CASE("paged view: V's own strides are all four positive or all zero, and V's pool is checked by them") {
+  const std::int64_t H = 2, D = 4, P = 4, pages = 3;
+  std::vector<float> k(static_cast<std::size_t>(pages * P * H * D)), v(k.size() + 8);
+  const std::vector<std::int32_t> indptr{0, 2}, indices{0, 2}, last{3};
+  auto view = make_paged_view(page_layout::nhd, k.data(), v.data(), pages, P, H, D, 1, indptr.data(), indices.data(),
+                              last.data());
+  REQUIRE(validate(view, "view").ok());
+  CHECK_FALSE(view.v_has_own_strides());
+  CHECK(view.values().stride_slot == view.keys().stride_slot);
+
+  view.v_strides[1] = H * D;  // only one of four
+  result r = validate(view, "view");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.code() == status::invalid_shape);
+  CHECK(std::string(r.message()).find("v_strides") != std::string::npos);
+
+  const std::int64_t hnd[4] = {P * H * D, D, P * D, 1};
+  std::copy_n(hnd, 4, view.v_strides);
+  REQUIRE(validate(view, "view").ok());
+  CHECK(view.values().stride_head == P * D);
+  CHECK(view.keys().stride_head == D);  // K keeps its own
+
+  // V's rows aliasing under its own strides (two heads on one row) is refused, naming V.
+  view.v_strides[2] = 1;
+  r = validate(view, "view");
+  REQUIRE_FALSE(r.ok());
+  CHECK(std::string(r.message()).find("V's own strides") != std::string::npos);
 }
 
 TEST_CASE("compacted_pages: pages per sequence, refusals for what an engine would free wrongly") {

@@ -205,13 +205,22 @@ struct paged_case {
   std::int64_t batch = 1, heads = 1, head_dim = 1, page_size = 1, num_pages = 1;
   std::vector<std::int32_t> indptr, indices, last_page_len;  // [batch + 1], [indptr[batch]], [batch]
   std::vector<unsigned char> k_pool, v_pool;                  // [num_pages, page_size, heads, head_dim] or HND
+  bool v_other_layout = false;  // V's pool in the other layout, through the view's v_strides
 };
 
 template <class T>
 [[nodiscard]] fairkv::paged_kv_view<T> make_paged(const paged_case& c, T* k, T* v, const std::int32_t* indptr,
                                                   const std::int32_t* indices, const std::int32_t* last) {
-  return fairkv::make_paged_view(c.layout, k, v, c.num_pages, c.page_size, c.heads, c.head_dim, c.batch, indptr,
-                                 indices, last);
+  auto view = fairkv::make_paged_view(c.layout, k, v, c.num_pages, c.page_size, c.heads, c.head_dim, c.batch, indptr,
+                                      indices, last);
+  if (c.v_other_layout) {
+    const auto other = fairkv::make_paged_view(
+        c.layout == fairkv::page_layout::nhd ? fairkv::page_layout::hnd : fairkv::page_layout::nhd, k, v,
+        c.num_pages, c.page_size, c.heads, c.head_dim, c.batch, indptr, indices, last);
+    const std::int64_t strides[4] = {other.stride_page, other.stride_slot, other.stride_head, other.stride_dim};
+    for (int i = 0; i < 4; ++i) view.v_strides[i] = strides[i];
+  }
+  return view;
 }
 
 // The layer inputs for base pointers (host or device) of the case's buffers.

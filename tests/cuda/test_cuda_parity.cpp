@@ -909,12 +909,14 @@ TEST_SUITE("cuda_parity") {
     }
   }
 
-  TEST_CASE("cuda parity: paged compaction (NHD and HND, shuffled pages)" * doctest::skip(no_device)) {
+  TEST_CASE("cuda parity: paged compaction (NHD and HND, shuffled pages, V in K's layout or its own)" *
+            doctest::skip(no_device)) {
     std::mt19937 rng(17);
     for (int i = 0; i < (quick ? 12 : 40); ++i) {
       paged_case c;
       c.dtype = all_dtypes[i % 3];
       c.layout = i % 2 ? fairkv::page_layout::hnd : fairkv::page_layout::nhd;
+      c.v_other_layout = i % 4 >= 2;
       c.batch = 1 + static_cast<std::int64_t>(rng() % 3);
       c.heads = 1 + static_cast<std::int64_t>(rng() % 4);
       c.head_dim = std::vector<std::int64_t>{1, 3, 8, 64, 128}[rng() % 5];

@@ -65,7 +65,7 @@ struct paged_kv_view {
   std::int64_t page_size = 0;
   std::int64_t heads = 0;
   std::int64_t head_dim = 0;
-  std::int64_t stride_page = 0;             // in elements, shared by K and V pools
+  std::int64_t stride_page = 0;             // in elements: K's pool, and V's unless v_strides says otherwise
   std::int64_t stride_slot = 0;
   std::int64_t stride_head = 0;
   std::int64_t stride_dim = 1;
@@ -73,18 +73,29 @@ struct paged_kv_view {
   const std::int32_t* indptr = nullptr;         // [batch + 1] offsets of each sequence's pages in `indices`
   const std::int32_t* indices = nullptr;        // [indptr[batch]] page ids, in token order
   const std::int32_t* last_page_len = nullptr;  // [batch] filled slots of the last page, 1..page_size
+  // V's pool strides where they differ from K's (a pool that pads or orders V its own way, as vLLM's and
+  // FlashInfer's allow): page, slot, head, dim. All zero (the default): V has K's strides.
+  std::int64_t v_strides[4] = {0, 0, 0, 0};
 
-  [[nodiscard]] constexpr paged_side<T> keys() const noexcept { return side(k_data); }
-  [[nodiscard]] constexpr paged_side<T> values() const noexcept { return side(v_data); }
+  [[nodiscard]] FAIRKV_HOST_DEVICE constexpr bool v_has_own_strides() const noexcept {
+    return v_strides[0] != 0 || v_strides[1] != 0 || v_strides[2] != 0 || v_strides[3] != 0;
+  }
+  [[nodiscard]] FAIRKV_HOST_DEVICE constexpr paged_side<T> keys() const noexcept {
+    return side(k_data, stride_page, stride_slot, stride_head, stride_dim);
+  }
+  [[nodiscard]] FAIRKV_HOST_DEVICE constexpr paged_side<T> values() const noexcept {
+    return v_has_own_strides() ? side(v_data, v_strides[0], v_strides[1], v_strides[2], v_strides[3])
+                               : side(v_data, stride_page, stride_slot, stride_head, stride_dim);
+  }
   [[nodiscard]] FAIRKV_HOST_DEVICE constexpr std::int64_t tokens_of(std::int64_t b) const noexcept {
-    return side(k_data).tokens_of(b);
+    return keys().tokens_of(b);
   }
 
  private:
-  // K and V share the page table and the strides; only the pool differs.
-  [[nodiscard]] FAIRKV_HOST_DEVICE constexpr paged_side<T> side(T* pool) const noexcept {
-    return {pool, num_pages, batch, heads, head_dim, page_size, stride_page, stride_slot, stride_head, stride_dim,
-            indptr, indices, last_page_len};
+  // K and V share the page table; the pools and, optionally, their strides differ.
+  [[nodiscard]] FAIRKV_HOST_DEVICE constexpr paged_side<T> side(T* pool, std::int64_t sp, std::int64_t ss,
+                                                                std::int64_t sh, std::int64_t sd) const noexcept {
+    return {pool, num_pages, batch, heads, head_dim, page_size, sp, ss, sh, sd, indptr, indices, last_page_len};
   }
 };
 
@@ -174,17 +185,29 @@ template <class T>
   return {};
 }
 
-// Both pools without reading the page tables: each pool's layout (they share strides, only the pointers differ)
-// and K and V disjoint (exactly, so FlashInfer's interleaved [pages][2][...] pool passes; views/footprint.hpp).
+// Both pools without reading the page tables: each pool's layout (V's with its own strides where it has them) and
+// K and V disjoint (exactly, so FlashInfer's interleaved [pages][2][...] pool passes; views/footprint.hpp).
 template <class T>
 [[nodiscard]] result validate_layout(const paged_kv_view<T>& v, const char* name) noexcept {
   if (v.v_data == nullptr) return result::error(status::null_pointer, "%s.v_data is null", name);
   if (v.k_data == nullptr) return result::error(status::null_pointer, "%s.k_data is null", name);
   FAIRKV_TRY(validate_layout(v.keys(), name));
-  const detail::footprint k = detail::footprint_of(v.keys()), vf = detail::footprint_of(v.values());
   char pool[64];
   std::snprintf(pool, sizeof(pool), "%s.v_data", name);
-  FAIRKV_TRY(detail::check_address_range(vf, k.elements(), pool));
+  const detail::footprint k = detail::footprint_of(v.keys()), vf = detail::footprint_of(v.values());
+  if (v.v_has_own_strides()) {
+    if (v.v_strides[0] <= 0 || v.v_strides[1] <= 0 || v.v_strides[2] <= 0 || v.v_strides[3] <= 0)
+      return result::error(status::invalid_shape,
+                           "%s.v_strides: give all four (page, slot, head, dim) positive, or all zero for K's; got "
+                           "%lld, %lld, %lld, %lld",
+                           name, static_cast<long long>(v.v_strides[0]), static_cast<long long>(v.v_strides[1]),
+                           static_cast<long long>(v.v_strides[2]), static_cast<long long>(v.v_strides[3]));
+    char side[80];
+    std::snprintf(side, sizeof(side), "%s (V's own strides)", name);
+    FAIRKV_TRY(validate_layout(v.values(), side));
+  } else {
+    FAIRKV_TRY(detail::check_address_range(vf, k.elements(), pool));
+  }
   char k_pool[64];
   std::snprintf(k_pool, sizeof(k_pool), "%s.k_data", name);
   return detail::check_disjoint(k, k_pool, vf, pool);
