@@ -20,6 +20,7 @@
 #include "fairkv/dtype.hpp"
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/layer_inputs.hpp"
+#include "fairkv/paged_release.hpp"
 #include "fairkv/policy.hpp"
 #include "fairkv/policy_spec.hpp"
 #include "fairkv/registry.hpp"
