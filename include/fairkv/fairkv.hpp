@@ -25,6 +25,7 @@
 #include "fairkv/policy_spec.hpp"
 #include "fairkv/registry.hpp"
 #include "fairkv/remap.hpp"
+#include "fairkv/request_batch.hpp"
 #include "fairkv/rope.hpp"
 #include "fairkv/rounded_math.hpp"
 #include "fairkv/scorer.hpp"

@@ -25,6 +25,7 @@
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/policy.hpp"
+#include "fairkv/request_batch.hpp"
 #include "fairkv/segments.hpp"
 #include "fairkv/status.hpp"
 
@@ -168,6 +169,46 @@ template <class S, class KeySource, class Q>
   return {};
 }
 
+namespace detail {
+
+// One sequence's segments, whitelist and target.
+struct sequence_lists {
+  std::span<const segment> segments;
+  std::span<const std::int32_t> whitelist;
+  const keep_target* target;
+};
+
+// The planner after validation: lists_of(b) gives sequence b's lists, at most n_segments segments each.
+template <executor E, class S, class Sel, class A, class KeySource, class Q, class ListsOf>
+[[nodiscard]] result plan_validated(const E& ex, void* workspace, std::size_t& workspace_bytes,
+                                    const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                                    std::int64_t max_tokens, std::int64_t n_segments, const ListsOf& lists_of,
+                                    keep_plan_view out) noexcept {
+  const std::int64_t tasks = task_count(ex, in.keys.heads);
+  plan_workspace w;
+  const std::size_t needed = layout<S, Sel, A>(nullptr, w, in.keys.heads, max_tokens, n_segments, tasks);
+  if (workspace == nullptr) {
+    workspace_bytes = needed;
+    return {};
+  }
+  FAIRKV_TRY(fairkv::detail::check_workspace("workspace_bytes", workspace_bytes, needed));
+  FAIRKV_TRY(fairkv::detail::check_output_plan(out, in.keys.batch, in.keys.heads, max_tokens));
+  if (out.state != nullptr) out.state->applied = false;  // a new plan in a reused keep_plan is not spent
+  layout<S, Sel, A>(carver::align_base(workspace), w, in.keys.heads, max_tokens, n_segments, tasks);
+  std::span<const segment> sorted_for{};  // the list w.sorted holds: sorted once when every sequence shares it
+  for (std::int64_t b = 0; b < in.keys.batch; ++b) {
+    const sequence_lists l = lists_of(b);
+    if (b == 0 || l.segments.data() != sorted_for.data() || l.segments.size() != sorted_for.size()) {
+      fairkv::detail::sort_segments(l.segments, w.sorted, w.origin);
+      sorted_for = l.segments;
+    }
+    FAIRKV_TRY(plan_sequence(ex, pol, in, l.segments, l.whitelist, *l.target, b, max_tokens, w, out));
+  }
+  return {};
+}
+
+}  // namespace detail
+
 // Plans one layer. `segments` and `whitelist` apply to every sequence of the batch; `target` is a ratio or a
 // token budget per KV head (fairkv/budget.hpp; a bare double converts to a ratio). Nothing is written but the plan
 // and the workspace; on error the plan's contents are unspecified and the engine's memory is untouched.
@@ -182,22 +223,37 @@ template <executor E, class S, class Sel, class A, class KeySource, class Q>
   // Everything is checked before any scratch is touched.
   std::int64_t min_tokens = 0, max_tokens = 0;
   FAIRKV_TRY(fairkv::detail::validate_plan_request(pol, in, segments, whitelist, target, min_tokens, max_tokens));
-  const auto n_segments = static_cast<std::int64_t>(segments.size());
-  const std::int64_t tasks = detail::task_count(ex, in.keys.heads);
-  detail::plan_workspace w;
-  const std::size_t needed = detail::layout<S, Sel, A>(nullptr, w, in.keys.heads, max_tokens, n_segments, tasks);
-  if (workspace == nullptr) {
-    workspace_bytes = needed;
-    return {};
+  const auto all = [&](std::int64_t) { return detail::sequence_lists{segments, whitelist, &target}; };
+  return detail::plan_validated(ex, workspace, workspace_bytes, pol, in, max_tokens,
+                                static_cast<std::int64_t>(segments.size()), all, out);
+}
+
+// Plans one layer of a batch of requests, each sequence with its own segments, whitelist and target
+// (fairkv/request_batch.hpp); otherwise as above. The plan of sequence b is the one a single-list call gives for
+// that sequence alone. Errors in one sequence's lists name the sequence.
+template <executor E, class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result plan(const E& ex, void* workspace, std::size_t& workspace_bytes, const policy<S, Sel, A>& pol,
+                          const layer_inputs<KeySource, Q>& in, const request_batch& requests,
+                          keep_plan_view out) noexcept {
+  std::int64_t min_tokens = 0, max_tokens = 0;
+  if (requests.targets.empty())
+    return result::error(status::invalid_argument, "requests.targets is empty: give one, or one per sequence");
+  FAIRKV_TRY(fairkv::detail::validate_lengths<S>(in, min_tokens, max_tokens));
+  FAIRKV_TRY(validate(requests, in.keys.batch));
+  FAIRKV_TRY((fairkv::detail::validate_score_source<S, A>()));
+  std::int64_t n_segments = 0;
+  for (std::int64_t b = 0; b < in.keys.batch; ++b) {
+    result r = fairkv::detail::validate_target(requests.target_of(b));
+    if (r.ok()) r = fairkv::detail::validate_lists<A>(requests.segments_of(b), requests.whitelist_of(b),
+                                                      in.keys.tokens_of(b));
+    if (!r.ok()) return result::error(r.code(), "sequence %lld: %s", static_cast<long long>(b), r.message());
+    n_segments = std::max(n_segments, static_cast<std::int64_t>(requests.segments_of(b).size()));
   }
-  FAIRKV_TRY(fairkv::detail::check_workspace("workspace_bytes", workspace_bytes, needed));
-  FAIRKV_TRY(fairkv::detail::check_output_plan(out, in.keys.batch, in.keys.heads, max_tokens));
-  if (out.state != nullptr) out.state->applied = false;  // a new plan in a reused keep_plan is not spent
-  detail::layout<S, Sel, A>(detail::carver::align_base(workspace), w, in.keys.heads, max_tokens, n_segments, tasks);
-  fairkv::detail::sort_segments(segments, w.sorted, w.origin);
-  for (std::int64_t b = 0; b < in.keys.batch; ++b)
-    FAIRKV_TRY(detail::plan_sequence(ex, pol, in, segments, whitelist, target, b, max_tokens, w, out));
-  return {};
+  FAIRKV_TRY(fairkv::detail::validate_policy_inputs(pol, in, min_tokens, max_tokens));
+  const auto own = [&](std::int64_t b) {
+    return detail::sequence_lists{requests.segments_of(b), requests.whitelist_of(b), &requests.target_of(b)};
+  };
+  return detail::plan_validated(ex, workspace, workspace_bytes, pol, in, max_tokens, n_segments, own, out);
 }
 
 template <class S, class Sel, class A, class KeySource, class Q>
@@ -208,25 +264,35 @@ template <class S, class Sel, class A, class KeySource, class Q>
   return plan(serial_executor{}, workspace, workspace_bytes, pol, in, segments, whitelist, target, out);
 }
 
+namespace detail {
+// A two-phase plan call, run(workspace, workspace_bytes, view), sized, given std::vector scratch, and run into `out`.
+template <class KeySource, class Q, class Run>
+[[nodiscard]] result plan_owned(const layer_inputs<KeySource, Q>& in, keep_plan& out, const Run& run) noexcept {
+  std::size_t bytes = 0;
+  FAIRKV_TRY(run(nullptr, bytes, keep_plan_view{}));
+  std::int64_t max_tokens = 0;
+  for (std::int64_t b = 0; b < in.keys.batch; ++b) max_tokens = std::max(max_tokens, in.keys.tokens_of(b));
+  try {
+    std::vector<std::byte> scratch(bytes);
+    out.resize(in.keys.batch, in.keys.heads, max_tokens);
+    return run(scratch.data(), bytes, out.view());
+  } catch (const std::exception&) {  // std::bad_alloc, or std::length_error for a size beyond max_size()
+    return result::error(status::out_of_memory, "out of host memory for the plan (%zu bytes of scratch, a plan of "
+                         "%lld x %lld x %lld indices)", bytes, static_cast<long long>(in.keys.batch),
+                         static_cast<long long>(in.keys.heads), static_cast<long long>(max_tokens));
+  }
+}
+}  // namespace detail
+
 // Convenience: allocates the plan and the scratch with std::vector (use the overload above to control memory).
 // A failed allocation is status::out_of_memory.
 template <executor E, class S, class Sel, class A, class KeySource, class Q>
 [[nodiscard]] result plan(const E& ex, const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
                           std::span<const segment> segments, std::span<const std::int32_t> whitelist,
                           const keep_target& target, keep_plan& out) noexcept {
-  std::size_t bytes = 0;
-  FAIRKV_TRY(plan(ex, nullptr, bytes, pol, in, segments, whitelist, target, keep_plan_view{}));
-  std::int64_t max_tokens = 0;
-  for (std::int64_t b = 0; b < in.keys.batch; ++b) max_tokens = std::max(max_tokens, in.keys.tokens_of(b));
-  try {
-    std::vector<std::byte> scratch(bytes);
-    out.resize(in.keys.batch, in.keys.heads, max_tokens);
-    return plan(ex, scratch.data(), bytes, pol, in, segments, whitelist, target, out.view());
-  } catch (const std::exception&) {  // std::bad_alloc, or std::length_error for a size beyond max_size()
-    return result::error(status::out_of_memory, "out of host memory for the plan (%zu bytes of scratch, a plan of "
-                         "%lld x %lld x %lld indices)", bytes, static_cast<long long>(in.keys.batch),
-                         static_cast<long long>(in.keys.heads), static_cast<long long>(max_tokens));
-  }
+  return detail::plan_owned(in, out, [&](void* ws, std::size_t& bytes, keep_plan_view view) {
+    return plan(ex, ws, bytes, pol, in, segments, whitelist, target, view);
+  });
 }
 
 template <class S, class Sel, class A, class KeySource, class Q>
@@ -234,6 +300,15 @@ template <class S, class Sel, class A, class KeySource, class Q>
                           std::span<const segment> segments, std::span<const std::int32_t> whitelist,
                           const keep_target& target, keep_plan& out) noexcept {
   return plan(serial_executor{}, pol, in, segments, whitelist, target, out);
+}
+
+// Convenience for a batch of requests: allocates the plan and the scratch with std::vector.
+template <executor E, class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result plan(const E& ex, const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                          const request_batch& requests, keep_plan& out) noexcept {
+  return detail::plan_owned(in, out, [&](void* ws, std::size_t& bytes, keep_plan_view view) {
+    return plan(ex, ws, bytes, pol, in, requests, view);
+  });
 }
 
 }  // namespace cpu

@@ -197,15 +197,10 @@ template <class S, class A, class KeySource, class Q>
   return {};
 }
 
-// Everything a planner checks before it touches any memory, in one order for every backend: the target, keys,
-// sequence lengths (returned in min_tokens / max_tokens), segments and whitelist against what the allocator
-// uses, scorer and selector parameters, external scores, attention inputs.
-template <class S, class Sel, class A, class KeySource, class Q>
-[[nodiscard]] result validate_plan_request(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
-                                           std::span<const segment> segments, std::span<const std::int32_t> whitelist,
-                                           const keep_target& target, std::int64_t& min_tokens,
-                                           std::int64_t& max_tokens) noexcept {
-  FAIRKV_TRY(validate_target(target));
+// The keys and the batch's sequence lengths (returned in min_tokens / max_tokens).
+template <class S, class KeySource, class Q>
+[[nodiscard]] result validate_lengths(const layer_inputs<KeySource, Q>& in, std::int64_t& min_tokens,
+                                      std::int64_t& max_tokens) noexcept {
   FAIRKV_TRY(validate_keys<S>(in));
   max_tokens = 0;
   min_tokens = INT64_MAX;
@@ -219,7 +214,14 @@ template <class S, class Sel, class A, class KeySource, class Q>
     max_tokens = std::max(max_tokens, L);
     min_tokens = std::min(min_tokens, L);
   }
-  FAIRKV_TRY((validate_score_source<S, A>()));
+  return {};
+}
+
+// Segments and whitelist against what the allocator uses and against `tokens`, the length of every sequence they
+// apply to (the shortest, for one list applied to a whole batch).
+template <class A>
+[[nodiscard]] result validate_lists(std::span<const segment> segments, std::span<const std::int32_t> whitelist,
+                                    std::int64_t tokens) noexcept {
   if constexpr (!A::uses_segments) {
     if (!segments.empty())
       return result::error(status::invalid_argument,
@@ -234,9 +236,15 @@ template <class S, class Sel, class A, class KeySource, class Q>
                            "whitelist, fair_with_whitelist or debias)",
                            whitelist.size(), A::name);
   }
-  FAIRKV_TRY(validate_segments(segments, min_tokens));
+  FAIRKV_TRY(validate_segments(segments, tokens));
   if constexpr (is_paper_allocator_v<A>) FAIRKV_TRY(validate_paper_spans(segments, A::name));
-  FAIRKV_TRY(validate_whitelist(whitelist, min_tokens));
+  return validate_whitelist(whitelist, tokens);
+}
+
+// The policy's own parameters and the statistics the scorer reads.
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result validate_policy_inputs(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                                            std::int64_t min_tokens, std::int64_t max_tokens) noexcept {
   FAIRKV_TRY(validate_protection(protection_of(pol.allocator)));
   FAIRKV_TRY(validate_scorer(pol.scorer));
   if constexpr (Sel::kind == selection_kind::head_adaptive) {
@@ -246,6 +254,21 @@ template <class S, class Sel, class A, class KeySource, class Q>
   }
   FAIRKV_TRY(validate_external_inputs<S>(in, max_tokens));
   return validate_attention_inputs<S, A>(in, min_tokens, max_tokens);
+}
+
+// Everything a planner checks before it touches any memory, in one order for every backend: the target, keys,
+// sequence lengths (returned in min_tokens / max_tokens), segments and whitelist against what the allocator
+// uses, scorer and selector parameters, external scores, attention inputs.
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result validate_plan_request(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                                           std::span<const segment> segments, std::span<const std::int32_t> whitelist,
+                                           const keep_target& target, std::int64_t& min_tokens,
+                                           std::int64_t& max_tokens) noexcept {
+  FAIRKV_TRY(validate_target(target));
+  FAIRKV_TRY(validate_lengths<S>(in, min_tokens, max_tokens));
+  FAIRKV_TRY((validate_score_source<S, A>()));
+  FAIRKV_TRY(validate_lists<A>(segments, whitelist, min_tokens));
+  return validate_policy_inputs(pol, in, min_tokens, max_tokens);
 }
 
 }  // namespace detail
