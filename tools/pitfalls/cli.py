@@ -181,13 +181,13 @@ def cmd_run(a) -> int:
     print(f"plan: {len(subset)} items x {len(a.defenses)} defenses, ratios {ratios}: {len(runs)} runs, "
           f"{len(runs) - len(pending)} already in {out}; {len(pending)} to do in "
           f"{len(harness.groups(pending))} runner invocations", file=sys.stderr)
-    # Runs of sweeps (one invocation per system prompt) carry their share of the invocation's wall time.
-    done_recs = [r for r in previous.records if r.get("status") == "ok" and r.get("wall_s")]
-    walls = [r["wall_s"] for r in done_recs if r.get("invocation_configs")] or [r["wall_s"] for r in done_recs]
-    if walls and pending:
-        mean = sum(walls) / len(walls)
-        print(f"estimate: {len(pending)} pending runs x {mean:.1f} s (mean of {len(walls)} done) = "
-              f"{len(pending) * mean / 60 / max(1, a.jobs):.0f} min with --jobs {a.jobs}", file=sys.stderr)
+    rate = harness.seconds_per_run(previous.records)
+    if rate and pending:
+        median, mean, n = rate
+        what = "invocations" if any(r.get("invocation_configs") for r in previous.records) else "runs"
+        print(f"estimate: {len(pending)} pending runs x {median:.1f} s (median of {n} {what}; their mean, "
+              f"{mean:.1f} s, counts time stopped or shared with other work) = "
+              f"{len(pending) * median / 60 / max(1, a.jobs):.0f} min with --jobs {a.jobs}", file=sys.stderr)
     if a.dry_run:
         return 0
     binary = find_runner(a.runner, a.engine)

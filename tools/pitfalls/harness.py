@@ -216,6 +216,31 @@ def score(run: Run, doc: dict, turns: tuple[str, ...] = TURNS) -> dict:
     return out
 
 
+def seconds_per_run(records: Iterable[dict]) -> tuple[float, float, int] | None:
+    """(median, mean, count) of the seconds a recorded run took, or None if none is recorded.
+
+    A sweep's runs share one invocation, whose wall time each carries (`invocation_wall_s`, `invocation_configs`):
+    the rate is per invocation, wall / configurations. The median, because an invocation stopped (SIGSTOP) or
+    sharing the cores with a build took up to 20x its idle time, and the mean of such a history sized a sweep at
+    six times what it takes alone."""
+    per_inv: dict[tuple, float] = {}
+    singles: list[float] = []
+    for r in records:
+        if r.get("status") != "ok" or not r.get("wall_s"):
+            continue
+        wall, n = r.get("invocation_wall_s"), r.get("invocation_configs")
+        if wall and n:
+            per_inv[(r.get("key"), r.get("defense"), wall, n)] = wall / n
+        else:
+            singles.append(float(r["wall_s"]))
+    xs = sorted(per_inv.values()) or sorted(singles)
+    if not xs:
+        return None
+    mid = len(xs) // 2
+    median = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+    return median, sum(xs) / len(xs), len(xs)
+
+
 def done_ids(records: Iterable[dict]) -> set[str]:
     """Runs that need no repeat: answered, impossible by construction (more forced tokens than the budget), or
     not applicable."""

@@ -232,3 +232,21 @@ def test_overhead_runs_each_configuration_alone_and_repeats(env, tmp_path):
     # The fake: compress 2 + fair ms; decode 5 ms per new token.
     assert "| knorm | fair | 2 | 3.00 | +50.0% | 5.00 | +0.0% |" in table
     assert "| tova | plain | 2 | 2.00 | +0.0% | 5.00 | +0.0% |" in table
+
+
+def test_seconds_per_run_takes_the_median_invocation():
+    """A sweep's rate: wall / configurations per invocation, the median over invocations (a stopped one does not
+    inflate it); single runs use their own wall time; failed runs and records without timing are left out."""
+    from tools.pitfalls.harness import seconds_per_run
+
+    def inv(key, wall, n):
+        return [{"status": "ok", "wall_s": wall / n, "key": key, "defense": "standard", "invocation_wall_s": wall,
+                 "invocation_configs": n} for _ in range(n)]
+
+    recs = inv(1, 162.0, 81) + inv(2, 243.0, 81) + inv(3, 3240.0, 81)  # 2, 3 and (stopped) 40 s per run
+    recs.append({"status": "error", "wall_s": 999.0})
+    median, mean, n = seconds_per_run(recs)
+    assert (median, n) == (3.0, 3)
+    assert abs(mean - 15.0) < 1e-12
+    assert seconds_per_run([{"status": "ok", "wall_s": 4.0}, {"status": "ok", "wall_s": 2.0}]) == (3.0, 3.0, 2)
+    assert seconds_per_run([{"status": "ok"}]) is None
