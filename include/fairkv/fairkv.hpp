@@ -12,6 +12,7 @@
 #include "fairkv/allocators/whitelist.hpp"
 #include "fairkv/budget.hpp"
 #include "fairkv/cpu/compact.hpp"
+#include "fairkv/cpu/compact_into.hpp"
 #include "fairkv/cpu/executor.hpp"
 #include "fairkv/cpu/kernel_isa.hpp"
 #include "fairkv/cpu/plan.hpp"

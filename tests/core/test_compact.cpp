@@ -322,3 +322,96 @@ TEST_CASE("a plan is applied once: a second compaction is refused before it writ
   CHECK(cpu::compact(paged.view(), view).code() == status::invalid_plan);
   CHECK(kpool == kp);
 }
+
+namespace {
+
+// Two sequences sharing their first two pages (a prefix cache), in one pool of 12 pages of 4 slots; the
+// compressed copy goes to pages of its own.
+struct shared_prefix {
+  static constexpr std::int64_t H = 2, D = 3, P = 4, pages = 12;
+  std::vector<float> kpool = fairkv_test::random_floats(static_cast<std::size_t>(pages * P * H * D), 41);
+  std::vector<float> vpool = fairkv_test::random_floats(static_cast<std::size_t>(pages * P * H * D), 42);
+  std::vector<std::int32_t> indptr{0, 3, 6}, indices{5, 1, 7, 5, 1, 2}, last{2, 4};  // 10 and 12 tokens
+  [[nodiscard]] paged_kv_view<float> view(const std::vector<std::int32_t>& ip, const std::vector<std::int32_t>& ix,
+                                          const std::vector<std::int32_t>& lp) {
+    return make_paged_view(page_layout::nhd, kpool.data(), vpool.data(), pages, P, H, D, 2, ip.data(), ix.data(),
+                           lp.data());
+  }
+};
+
+keep_plan plan_of(const paged_kv_view<float>& v, double ratio) {
+  keep_plan plan;
+  REQUIRE(cpu::plan(policy<scorers::knorm, selectors::head_adaptive, allocators::uniform>{{}, {0.1f}, {}},
+                    layer_inputs<paged_side<const float>>{v.as_const().keys()}, {}, {}, ratio, plan)
+              .ok());
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("compact_into: shared prefix pages are read, never written; the copy holds the kept tokens in order") {
+  shared_prefix c;
+  const auto from = c.view(c.indptr, c.indices, c.last);
+  REQUIRE_FALSE(validate(from, "from").ok());  // pages 5 and 1 are listed twice: in-place compaction refuses it
+  const keep_plan plan = plan_of(from, 0.5);
+  const auto k0 = c.kpool, v0 = c.vpool;
+  // Room for each sequence's longest head: pages of its own (ragged heads: 6 and 6 tokens at most here).
+  const std::vector<std::int32_t> to_indptr{0, 2, 4}, to_indices{9, 0, 11, 3}, to_last{4, 4};
+  const auto to = c.view(to_indptr, to_indices, to_last);
+  REQUIRE(cpu::compact_into(plan.view(), from.as_const(), to).ok());
+  std::vector<bool> written(c.kpool.size(), false);
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t h = 0; h < shared_prefix::H; ++h) {
+      const auto kept = plan.kept(b, h);
+      for (std::size_t j = 0; j < kept.size(); ++j) {
+        const auto jj = static_cast<std::int64_t>(j);
+        const auto off = static_cast<std::size_t>(to.keys().row(b, h, jj) - c.kpool.data());
+        for (std::int64_t d = 0; d < shared_prefix::D; ++d) {
+          const auto src = static_cast<std::size_t>(from.keys().row(b, h, kept[j]) - c.kpool.data()) +
+                           static_cast<std::size_t>(d);
+          const auto vsrc = static_cast<std::size_t>(from.values().row(b, h, kept[j]) - c.vpool.data()) +
+                            static_cast<std::size_t>(d);
+          REQUIRE(c.kpool[off + static_cast<std::size_t>(d)] == k0[src]);
+          REQUIRE(c.vpool[off + static_cast<std::size_t>(d)] == v0[vsrc]);
+          written[off + static_cast<std::size_t>(d)] = true;
+        }
+      }
+    }
+  for (std::size_t i = 0; i < c.kpool.size(); ++i)
+    if (!written[i]) {
+      REQUIRE(c.kpool[i] == k0[i]);  // from's pages (the shared prefix included) and the rest of the pool
+      REQUIRE(c.vpool[i] == v0[i]);
+    }
+  // The plan is unspent: applying it again gives the same copy.
+  REQUIRE(cpu::compact_into(plan.view(), from.as_const(), to).ok());
+}
+
+TEST_CASE("compact_into refuses, writing nothing: a page of from, a page twice, too little room, a spent plan") {
+  shared_prefix c;
+  const auto from = c.view(c.indptr, c.indices, c.last);
+  keep_plan plan = plan_of(from, 0.5);
+  const auto k0 = c.kpool, v0 = c.vpool;
+  const auto refused = [&](const paged_kv_view<float>& to, const char* needle) {
+    const result r = cpu::compact_into(plan.view(), from.as_const(), to);
+    INFO(std::string(r.message()));
+    CHECK_FALSE(r.ok());
+    CHECK(std::string(r.message()).find(needle) != std::string::npos);
+    CHECK(c.kpool == k0);
+    CHECK(c.vpool == v0);
+  };
+  const std::vector<std::int32_t> ip{0, 2, 4}, lp{4, 4};
+  const std::vector<std::int32_t> into_prefix{9, 1, 11, 3}, twice{9, 0, 9, 3}, ok{9, 0, 11, 3};
+  refused(c.view(ip, into_prefix, lp), "page 1 is also in from's table");
+  refused(c.view(ip, twice, lp), "lists page 9 twice");
+  const std::vector<std::int32_t> short_ip{0, 1, 2}, short_ix{9, 11}, short_lp{1, 1};
+  refused(c.view(short_ip, short_ix, short_lp), "has room for 1 tokens");
+  // Another pool overlapping this one (shifted by one element) cannot be told apart by page ids.
+  const std::vector<std::int32_t> in_range{9, 0, 10, 3};
+  auto shifted = c.view(ip, in_range, lp);
+  shifted.k_data += 1;
+  shifted.num_pages -= 1;
+  refused(shifted, "overlap");
+  // A plan applied in place no longer describes `from`.
+  plan.view().state->applied = true;
+  refused(c.view(ip, ok, lp), "already applied");
+}

@@ -90,6 +90,11 @@ struct paged_kv_view {
   [[nodiscard]] FAIRKV_HOST_DEVICE constexpr std::int64_t tokens_of(std::int64_t b) const noexcept {
     return keys().tokens_of(b);
   }
+  // The same view, read-only (what out-of-place compaction reads from).
+  [[nodiscard]] constexpr paged_kv_view<const value_type> as_const() const noexcept {
+    return {k_data, v_data, num_pages, page_size, heads, head_dim, stride_page, stride_slot, stride_head, stride_dim,
+            batch, indptr, indices, last_page_len, {v_strides[0], v_strides[1], v_strides[2], v_strides[3]}};
+  }
 
  private:
   // K and V share the page table; the pools and, optionally, their strides differ.
