@@ -259,4 +259,36 @@ result gpu_compact_paged(const paged_case& c, const fairkv::keep_plan& plan, std
   return r;
 }
 
+result gpu_compact_into(const paged_case& c, const paged_case& to, const fairkv::keep_plan& plan,
+                        std::vector<unsigned char>& k_pool, std::vector<unsigned char>& v_pool) {
+  device_buffer dk, dv, indptr, indices, last, to_indptr, to_indices, to_last, temp;
+  FAIRKV_TRY(dk.upload(k_pool));
+  FAIRKV_TRY(dv.upload(v_pool));
+  FAIRKV_TRY(indptr.upload(c.indptr));
+  FAIRKV_TRY(indices.upload(c.indices));
+  FAIRKV_TRY(last.upload(c.last_page_len));
+  FAIRKV_TRY(to_indptr.upload(to.indptr));
+  FAIRKV_TRY(to_indices.upload(to.indices));
+  FAIRKV_TRY(to_last.upload(to.last_page_len));
+  device_plan dp;
+  FAIRKV_TRY(dp.upload(plan));
+  const fairkv::keep_plan_view view = dp.view(plan.batch(), plan.heads(), plan.capacity());
+  const result r = with_dtype(c.dtype, [&](auto tag) -> result {
+    using T = decltype(tag);
+    const auto from = make_paged(c, dk.get<T>(), dv.get<T>(), indptr.get<const std::int32_t>(),
+                                 indices.get<const std::int32_t>(), last.get<const std::int32_t>());
+    const auto dst = make_paged(to, dk.get<T>(), dv.get<T>(), to_indptr.get<const std::int32_t>(),
+                                to_indices.get<const std::int32_t>(), to_last.get<const std::int32_t>());
+    std::size_t bytes = 0;
+    FAIRKV_TRY(fairkv::cuda::compact_into(nullptr, bytes, view, from.as_const(), dst));
+    FAIRKV_TRY(temp.allocate(bytes));
+    FAIRKV_TRY(fairkv::cuda::compact_into(temp.get(), bytes, view, from.as_const(), dst));
+    return fairkv::cuda::read_compact_status(temp.get());
+  });
+  FAIRKV_TRY(fairkv::cuda::from_cuda(cudaDeviceSynchronize()));
+  FAIRKV_TRY(dk.download(k_pool));
+  FAIRKV_TRY(dv.download(v_pool));
+  return r;
+}
+
 }  // namespace fairkv_test

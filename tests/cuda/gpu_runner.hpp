@@ -38,5 +38,10 @@ struct device_info {
 [[nodiscard]] fairkv::result gpu_compact_paged(const paged_case& c, const fairkv::keep_plan& plan,
                                                std::vector<unsigned char>& k_pool,
                                                std::vector<unsigned char>& v_pool);
+// cuda::compact_into within the case's pools: read through c's tables (which may share pages), written through
+// to's (indptr, indices, last_page_len of a case over the same pools).
+[[nodiscard]] fairkv::result gpu_compact_into(const paged_case& c, const paged_case& to, const fairkv::keep_plan& plan,
+                                              std::vector<unsigned char>& k_pool,
+                                              std::vector<unsigned char>& v_pool);
 
 }  // namespace fairkv_test

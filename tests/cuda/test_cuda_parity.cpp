@@ -998,6 +998,83 @@ TEST_SUITE("cuda_parity") {
     CHECK(gv == c.v_pool);
   }
 
+  TEST_CASE("cuda parity: compact_into from shared prefix pages into pages of its own, and its refusals" *
+            doctest::skip(no_device)) {
+    std::mt19937 rng(53);
+    for (int i = 0; i < (quick ? 8 : 30); ++i) {
+      paged_case c;
+      c.dtype = all_dtypes[i % 3];
+      c.layout = i % 2 ? fairkv::page_layout::hnd : fairkv::page_layout::nhd;
+      c.v_other_layout = i % 4 >= 2;
+      c.batch = 1 + static_cast<std::int64_t>(rng() % 3);
+      c.heads = 1 + static_cast<std::int64_t>(rng() % 3);
+      c.head_dim = std::vector<std::int64_t>{1, 3, 8, 64}[rng() % 4];
+      c.page_size = std::vector<std::int64_t>{1, 4, 16}[rng() % 3];
+      // Every sequence starts with the same `shared` pages (a prefix cache), then pages of its own.
+      const std::int64_t shared = 1 + static_cast<std::int64_t>(rng() % 3);
+      std::vector<std::int64_t> lengths;
+      std::int32_t next = static_cast<std::int32_t>(shared);
+      c.indptr = {0};
+      for (std::int64_t b = 0; b < c.batch; ++b) {
+        const std::int64_t own = static_cast<std::int64_t>(rng() % 3);
+        for (std::int32_t p = 0; p < shared; ++p) c.indices.push_back(p);
+        for (std::int64_t p = 0; p < own; ++p) c.indices.push_back(next++);
+        const std::int64_t last = 1 + static_cast<std::int64_t>(rng() % c.page_size);
+        c.indptr.push_back(static_cast<std::int32_t>(c.indices.size()));
+        c.last_page_len.push_back(static_cast<std::int32_t>(last));
+        lengths.push_back((shared + own - 1) * c.page_size + last);
+      }
+      const std::int64_t cap = *std::max_element(lengths.begin(), lengths.end());
+      const fairkv::keep_plan plan = random_plan(rng, c.batch, c.heads, lengths, cap);
+      // The destination: fresh pages after the source's, as many as each sequence's longest head needs.
+      paged_case to = c;
+      to.indptr = {0};
+      to.indices.clear();
+      to.last_page_len.clear();
+      for (std::int64_t b = 0; b < c.batch; ++b) {
+        std::int64_t longest = 0;
+        for (std::int64_t h = 0; h < c.heads; ++h) longest = std::max<std::int64_t>(longest, plan.count(b, h));
+        const std::int64_t np = (longest + c.page_size - 1) / c.page_size;
+        for (std::int64_t p = 0; p < np; ++p) to.indices.push_back(next++);
+        to.indptr.push_back(static_cast<std::int32_t>(to.indices.size()));
+        to.last_page_len.push_back(static_cast<std::int32_t>(np == 0 ? 0 : longest - (np - 1) * c.page_size));
+      }
+      c.num_pages = to.num_pages = next + 2;
+      const std::size_t bytes =
+          static_cast<std::size_t>(c.num_pages * c.page_size * c.heads * c.head_dim * dtype_bytes(c.dtype));
+      c.k_pool.resize(bytes);
+      c.v_pool.resize(bytes);
+      for (auto& x : c.k_pool) x = static_cast<unsigned char>(rng());
+      for (auto& x : c.v_pool) x = static_cast<unsigned char>(rng());
+      CAPTURE(i);
+      std::vector<unsigned char> ck = c.k_pool, cv = c.v_pool, gk = c.k_pool, gv = c.v_pool;
+      const result cr = with_dtype(c.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        auto* k = reinterpret_cast<T*>(ck.data());
+        auto* v = reinterpret_cast<T*>(cv.data());
+        return fairkv::cpu::compact_into(
+            plan.view(), make_paged(c, k, v, c.indptr.data(), c.indices.data(), c.last_page_len.data()).as_const(),
+            make_paged(to, k, v, to.indptr.data(), to.indices.data(), to.last_page_len.data()));
+      });
+      REQUIRE_MESSAGE(cr.ok(), std::string(cr.message()));
+      const result gr = gpu_compact_into(c, to, plan, gk, gv);
+      REQUIRE_MESSAGE(gr.ok(), std::string(gr.message()));
+      CHECK(ck == gk);
+      CHECK(cv == gv);
+      // A destination page that is a shared source page: refused on the device, nothing written.
+      if (!to.indices.empty()) {
+        paged_case bad = to;
+        bad.indices.back() = 0;
+        std::vector<unsigned char> bk = c.k_pool, bv = c.v_pool;
+        const result br = gpu_compact_into(c, bad, plan, bk, bv);
+        CHECK(br.code() == status::invalid_argument);
+        CHECK(std::string(br.message()).find("page 0 is also in from's table") != std::string::npos);
+        CHECK(bk == c.k_pool);
+        CHECK(bv == c.v_pool);
+      }
+    }
+  }
+
   TEST_CASE("cuda parity: an invalid plan is reported by the device and writes nothing" * doctest::skip(no_device)) {
     std::mt19937 rng(23);
     const host_case c = random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::uniform, dtype_id::bf16);

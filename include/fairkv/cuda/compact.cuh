@@ -47,6 +47,8 @@ enum compact_error_code : int {
   compact_bad_page = 5,         // paged: a page id outside [0, num_pages)                   (i, page, -)
   compact_duplicate_page = 6,   // paged: a page listed twice                                (i, j, page)
   compact_bad_last_page_len = 7,  // paged: last_page_len outside [1, page_size]             (b, len, -)
+  compact_page_in_source = 8,   // compact_into: a destination page is also a source page     (i, page, -)
+  compact_no_room = 9,          // compact_into: a destination sequence shorter than its plan (b, room, longest)
 };
 
 struct compact_state {
@@ -100,7 +102,9 @@ __global__ void validate_pages_kernel(paged_side<T> s, compact_state* st, int* o
       report(st, compact_bad_page, static_cast<int>(i), page, -1);
       continue;
     }
-    // A page shared by two positions would let one sequence's compaction overwrite another's tokens.
+    // A page shared by two positions would let one sequence's compaction overwrite another's tokens (owner null: a
+    // table that is only read, where sharing is allowed).
+    if (owner == nullptr) continue;
     const int first = atomicCAS(&owner[page], 0, static_cast<int>(i) + 1);
     if (first != 0) {
       const int j = first - 1, k = static_cast<int>(i);
@@ -353,6 +357,13 @@ template <class T>
                            st.b);
     case detail::compact_bad_last_page_len:
       return result::error(status::invalid_shape, "view.last_page_len[%d] = %d is outside [1, page_size]", st.a, st.b);
+    case detail::compact_page_in_source:
+      return result::error(status::invalid_argument,
+                           "to.indices[%d] = page %d is also in from's table: the copy would overwrite tokens it reads",
+                           st.a, st.b);
+    case detail::compact_no_room:
+      return result::error(status::invalid_shape,
+                           "to: sequence %d has room for %d tokens but its longest head keeps %d", st.a, st.b, st.c);
     default: return result::error(status::internal_error, "unknown compaction status %d", st.code);
   }
 }
