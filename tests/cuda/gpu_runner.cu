@@ -182,6 +182,24 @@ result gpu_plan(const host_case& c, fairkv::keep_plan& out, bool graph) {
   return d.plan.download(c, out);
 }
 
+result gpu_score(const host_case& c, std::vector<float>& scores) {
+  device_case d;
+  device_buffer temp, out;
+  FAIRKV_TRY(d.upload(c));
+  const std::int64_t n = c.batch * c.heads * c.tokens;
+  FAIRKV_TRY(out.allocate(static_cast<std::size_t>(n) * sizeof(float)));
+  const result r = with_policy(c, [&](const auto& pol, auto tag) -> result {
+    const auto in = d.inputs<decltype(tag)>(c);
+    std::size_t bytes = 0;
+    FAIRKV_TRY(fairkv::cuda::score(nullptr, bytes, pol.scorer, in, out.get<float>(), c.tokens));
+    FAIRKV_TRY(temp.allocate(bytes));
+    return fairkv::cuda::score(temp.get(), bytes, pol.scorer, in, out.get<float>(), c.tokens);
+  });
+  FAIRKV_TRY(r);
+  FAIRKV_TRY(fairkv::cuda::from_cuda(cudaDeviceSynchronize()));
+  return out.download(scores);
+}
+
 result gpu_plan_handle(const host_case& c, fairkv::keep_plan& first, fairkv::keep_plan& second) {
   device_case d;
   device_buffer temp;

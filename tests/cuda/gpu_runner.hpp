@@ -32,6 +32,8 @@ struct device_info {
 // cuda::planner as a handle: initialize() once, then run() twice on one stream (the output is overwritten with
 // garbage in between), each plan downloaded.
 [[nodiscard]] fairkv::result gpu_plan_handle(const host_case& c, fairkv::keep_plan& first, fairkv::keep_plan& second);
+// cuda::score of the case's scorer on its inputs: scores[(b * heads + h) * tokens + t].
+[[nodiscard]] fairkv::result gpu_score(const host_case& c, std::vector<float>& scores);
 // Compacts the case's K and V (k and v: the case's bytes in, the compacted bytes out) with `plan`.
 [[nodiscard]] fairkv::result gpu_compact(const host_case& c, const fairkv::keep_plan& plan,
                                          std::vector<unsigned char>& k, std::vector<unsigned char>& v);

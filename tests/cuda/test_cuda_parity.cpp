@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "fairkv/cpu/reference/scores.hpp"
 #include "fairkv/detail/paper_spans.hpp"
 #include "fairkv/fairkv.hpp"
 #include "gpu_runner.hpp"
@@ -892,6 +893,63 @@ TEST_SUITE("cuda_parity") {
     CHECK(big.code() == status::not_supported);
     CHECK(std::string(big.message()).find("shared memory") != std::string::npos);
     CHECK(gpu_plan(c, got).code() == status::not_supported);
+  }
+
+  TEST_CASE("cuda scores against the plain reference (cpu/reference/scores.hpp), every built-in scorer" *
+            doctest::skip(no_device)) {
+    // The device's scores themselves, not only the plans they lead to: within float rounding of the region's
+    // largest reference score; the tokens the reference keeps first (+inf: SnapKV's window, TOVA's last query)
+    // above every scored token.
+    std::mt19937 rng(61);
+    int compared = 0, attention_compared = 0;
+    for (const scorer_id s : {scorer_id::knorm, scorer_id::streaming_llm, scorer_id::external, scorer_id::random,
+                              scorer_id::snapkv, scorer_id::tova, scorer_id::h2o})
+      for (int i = 0; i < (quick ? 3 : 10); ++i) {
+        const dtype_id d = float_keys_only(s) ? dtype_id::f32 : all_dtypes[static_cast<std::size_t>(i) % 3];
+        const host_case c = random_case(rng, s, selector_id::per_head, allocator_id::uniform, d);
+        if (is_attention(s) && c.attn != attention_input::queries) continue;  // the reference reads queries
+        CAPTURE(c.name);
+        std::vector<float> g;
+        const result gr = gpu_score(c, g);
+        REQUIRE_MESSAGE(gr.ok(), std::string(gr.message()));
+        const result cr = with_policy(c, [&](const auto& pol, auto tag) -> result {
+          using T = decltype(tag);
+          const auto in = make_inputs<T>(c, reinterpret_cast<const T*>(c.k_bytes.data()), c.queries.data(),
+                                         c.attention.data(), c.column_sums.data(),
+                                         c.scores.empty() ? nullptr : c.scores.data(), c.local_column_sums.data());
+          const std::int64_t H = c.heads, L = c.tokens;
+          for (std::int64_t b = 0; b < c.batch; ++b) {
+            std::vector<double> ref;
+            FAIRKV_TRY(fairkv::cpu::reference::score_region(pol.scorer, in, b, 0, L, ref));
+            double top = 0.0, scored_max = -INFINITY;
+            for (std::int64_t x = 0; x < H * L; ++x)
+              if (std::isfinite(ref[static_cast<std::size_t>(x)])) {
+                top = std::max(top, std::abs(ref[static_cast<std::size_t>(x)]));
+                scored_max = std::max(scored_max, static_cast<double>(g[static_cast<std::size_t>(b * H * L + x)]));
+              }
+            const double tol = 2e-5 * top + 1e-7;
+            int bad = 0;
+            for (std::int64_t x = 0; x < H * L; ++x) {
+              const double r = ref[static_cast<std::size_t>(x)], f = g[static_cast<std::size_t>(b * H * L + x)];
+              // NaN and -inf (an external scorer's own values) pass through; +inf is kept first.
+              const bool ok = std::isnan(r)                                ? std::isnan(f)
+                              : r == -std::numeric_limits<double>::infinity() ? f == r
+                              : std::isinf(r)                              ? f > scored_max
+                                                                           : std::abs(f - r) <= tol;
+              if (!ok && ++bad <= 3)
+                FAIL_CHECK("sequence ", b, " head ", x / L, " token ", x % L, ": device ", f, ", reference ", r,
+                           " (tolerance ", tol, ")");
+            }
+            CHECK(bad == 0);
+          }
+          return {};
+        });
+        REQUIRE_MESSAGE(cr.ok(), std::string(cr.message()));
+        ++compared;
+        attention_compared += is_attention(s) ? 1 : 0;
+      }
+    MESSAGE("scores compared with the reference: " << compared << " cases, " << attention_compared << " attention");
+    CHECK(attention_compared > 0);
   }
 
   TEST_CASE("cuda parity: dense and strided compaction with random plans" * doctest::skip(no_device)) {

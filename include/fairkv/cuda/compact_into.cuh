@@ -61,8 +61,8 @@ __global__ void check_room_kernel(const_keep_plan_view plan, paged_side<T> to, c
 template <class Unit, class FromK, class FromV, class ToK, class ToV>
 __global__ void __launch_bounds__(compact_threads)
     copy_kernel(const_keep_plan_view plan, FromK fk, FromV fv, ToK tk, ToV tv, std::int64_t k_unit_stride,
-                std::int64_t v_unit_stride, std::int64_t tk_unit_stride, std::int64_t tv_unit_stride, std::int32_t chunk,
-                std::int32_t units, std::int64_t chunks_per_row, const compact_state* st) {
+                std::int64_t v_unit_stride, std::int64_t tk_unit_stride, std::int64_t tv_unit_stride,
+                std::int32_t chunk, std::int32_t units, std::int64_t chunks_per_row, const compact_state* st) {
   if (*static_cast<const volatile int*>(&st->code) != compact_ok) return;  // validation failed: write nothing
   const std::int64_t row = blockIdx.x / chunks_per_row, c = blockIdx.x % chunks_per_row;
   const std::int64_t b = row / plan.heads, h = row % plan.heads, n = plan.counts[row];
@@ -111,11 +111,10 @@ template <class T>
   using namespace detail;
   FAIRKV_TRY(check_plan_extents(plan, from.batch, from.heads, "from"));
   if (to.batch != plan.batch || to.heads != plan.heads || to.head_dim != from.head_dim)
-    return result::error(status::invalid_shape,
-                         "to is [batch %lld, heads %lld, head_dim %lld] but from is [%lld, %lld, %lld]",
-                         static_cast<long long>(to.batch), static_cast<long long>(to.heads),
-                         static_cast<long long>(to.head_dim), static_cast<long long>(from.batch),
-                         static_cast<long long>(from.heads), static_cast<long long>(from.head_dim));
+    return result::error(
+        status::invalid_shape, "to is [batch %lld, heads %lld, head_dim %lld] but from is [%lld, %lld, %lld]",
+        static_cast<long long>(to.batch), static_cast<long long>(to.heads), static_cast<long long>(to.head_dim),
+        static_cast<long long>(from.batch), static_cast<long long>(from.heads), static_cast<long long>(from.head_dim));
   if (plan.capacity < 0)
     return result::error(status::invalid_plan, "plan.capacity = %lld is negative",
                          static_cast<long long>(plan.capacity));
@@ -132,7 +131,8 @@ template <class T>
   const std::int64_t row_bytes = to.head_dim * static_cast<std::int64_t>(sizeof(T));
   const std::int32_t chunk = chunk_rows(row_bytes);
   const std::int64_t cpr = (plan.capacity + chunk - 1) / chunk, blocks = plan.rows() * cpr;
-  if (blocks > INT32_MAX) return result::error(status::not_supported, "the plan has too many rows x capacity for one launch");
+  if (blocks > INT32_MAX)
+    return result::error(status::not_supported, "the plan has too many rows x capacity for one launch");
   compact_into_workspace w;
   const std::size_t needed = compact_into_layout(nullptr, w, to.num_pages, one_pool ? from.num_pages : 0);
   if (d_temp_storage == nullptr) {
@@ -148,12 +148,13 @@ template <class T>
   if (plan.rows() == 0) return {};
   FAIRKV_TRY(launch(validate_plan_kernel<paged_side<const T>>, static_cast<unsigned>(plan.rows()), 256, 0, stream, plan,
                     from.keys(), std::int64_t{-1}, w.state));
-  FAIRKV_TRY(launch(validate_pages_kernel<const T>, 64, 256, 0, stream, from.keys(), w.state, static_cast<int*>(nullptr)));
+  FAIRKV_TRY(
+      launch(validate_pages_kernel<const T>, 64, 256, 0, stream, from.keys(), w.state, static_cast<int*>(nullptr)));
   FAIRKV_TRY(launch(validate_pages_kernel<T>, 64, 256, 0, stream, to.keys(), w.state, w.owner));
   if (one_pool) {
     FAIRKV_TRY(launch(mark_source_pages_kernel<const T>, 64, 256, 0, stream, from.keys(), w.mark));
-    FAIRKV_TRY(launch(check_source_pages_kernel<T>, 64, 256, 0, stream, to.keys(), static_cast<const int*>(w.mark),
-                      w.state));
+    FAIRKV_TRY(
+        launch(check_source_pages_kernel<T>, 64, 256, 0, stream, to.keys(), static_cast<const int*>(w.mark), w.state));
   }
   FAIRKV_TRY(launch(check_room_kernel<T>, static_cast<unsigned>((plan.batch + 255) / 256), 256, 0, stream, plan,
                     to.keys(), w.state));
