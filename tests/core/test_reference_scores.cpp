@@ -169,6 +169,84 @@ TEST_CASE("reference scores: the fast attention paths agree, whole sequences and
   CHECK(regions == 2 * 2 * 3 * 6);
 }
 
+namespace {
+
+// The paper's two-span statistics of the CPU (cpu/score_paper.hpp) against the reference: scored tokens within float
+// rounding of the sequence's largest reference score; a token the reference keeps first (+inf) at or above every
+// scored token of its span and head (the paper pads with the span's maximum, the first pad token equal to it).
+template <class S, class KS, class Q>
+void check_paper(const S& scorer, const layer_inputs<KS, Q>& in, const fairkv::detail::paper_spans& sp,
+                 const std::string& what) {
+  const std::int64_t heads = in.keys.heads, L = in.keys.tokens_of(0), split = sp.split;
+  std::vector<float> fast(static_cast<std::size_t>(heads * L), -7.f);
+  std::vector<float> tmp(static_cast<std::size_t>(std::max<std::int64_t>(3 * L, cpu::detail::scratch_floats<S>(L))));
+  const result r = cpu::detail::score_paper(scorer, in, 0, L, sp, fast.data(), L, tmp.data());
+  REQUIRE_MESSAGE(r.ok(), r.message());
+  std::vector<double> ref;
+  const result rr = cpu::reference::score_paper(scorer, in, 0, sp, ref);
+  REQUIRE_MESSAGE(rr.ok(), rr.message());
+  double top = 0.0;
+  for (const double x : ref)
+    if (std::isfinite(x)) top = std::max(top, std::abs(x));
+  const double tol = 2e-5 * top + 1e-7;
+  int mismatches = 0;
+  for (std::int64_t h = 0; h < heads; ++h)
+    for (std::int64_t t = 0; t < L; ++t) {
+      const std::int64_t k0 = t < split ? 0 : split, k1 = t < split ? split : L;
+      double span_max = -INFINITY;
+      for (std::int64_t u = k0; u < k1; ++u)
+        if (std::isfinite(ref[static_cast<std::size_t>(h * L + u)]))
+          span_max = std::max(span_max, static_cast<double>(fast[static_cast<std::size_t>(h * L + u)]));
+      const double x = ref[static_cast<std::size_t>(h * L + t)], f = fast[static_cast<std::size_t>(h * L + t)];
+      const bool ok = std::isinf(x) ? f >= span_max : std::abs(f - x) <= tol;
+      if (!ok && ++mismatches <= 3)
+        FAIL_CHECK(what, ": head ", h, " token ", t, ": fast ", f, ", reference ", x, " (tolerance ", tol, ")");
+    }
+  CHECK_MESSAGE(mismatches == 0, what);
+}
+
+}  // namespace
+
+TEST_CASE("reference scores: the paper's two-span statistics (fair_paper) agree with the CPU's") {
+  std::mt19937 rng(77);
+  int cases = 0;
+  for (const std::int64_t group : {1, 2})
+    for (const std::int64_t L : {3, 9, 40, 131}) {
+      const std::int64_t heads = 2, d = 8, qheads = heads * group;
+      const auto kf = random_values(rng, static_cast<std::size_t>(heads * L * d), 1.f);
+      const auto qf = random_values(rng, static_cast<std::size_t>(qheads * L * d), 2.5f);
+      const auto in = with_queries(make_contiguous_view(kf.data(), 1, heads, L, d),
+                                   make_contiguous_view(qf.data(), 1, qheads, L, d));
+      for (int trial = 0; trial < 3; ++trial) {
+        std::uniform_int_distribution<std::int64_t> pick_split(1, L - 1);
+        fairkv::detail::paper_spans sp;
+        sp.split = pick_split(rng);
+        sp.earlier_begin = std::uniform_int_distribution<std::int64_t>(0, sp.split - 1)(rng);
+        sp.later_end = std::uniform_int_distribution<std::int64_t>(sp.split + 1, L)(rng);
+        const std::string where = "group " + std::to_string(group) + " L " + std::to_string(L) + " spans [" +
+                                  std::to_string(sp.earlier_begin) + ", " + std::to_string(sp.split) + ") [" +
+                                  std::to_string(sp.split) + ", " + std::to_string(sp.later_end) + ")";
+        for (const std::int32_t window : {1, 4, 16, 64})
+          for (const std::int32_t kernel : {1, 3, 7}) {
+            scorers::snapkv<> s{};
+            s.window = window;
+            s.kernel = kernel;
+            check_paper(s, in, sp, "snapkv w" + std::to_string(window) + " k" + std::to_string(kernel) + " " + where);
+          }
+        check_paper(scorers::tova{}, in, sp, "tova " + where);
+        check_paper(scorers::h2o{}, in, sp, "h2o " + where);
+        for (const std::int32_t sinks : {0, 2, 4}) {
+          scorers::streaming_llm<> s{};
+          s.n_sink = sinks;
+          check_paper(s, in, sp, "streaming_llm sinks " + std::to_string(sinks) + " " + where);
+        }
+        check_paper(scorers::knorm{}, in, sp, "knorm " + where);
+        ++cases;
+      }
+    }
+  CHECK(cases == 2 * 4 * 3);
+}
+
 TEST_CASE("reference scores: key, position and external scorers are the scorer's own values") {
   std::mt19937 rng(3);
   const auto kf = random_values(rng, 2 * 9 * 4, 1.f);
