@@ -19,7 +19,6 @@
 #include "fairkv/cpu/executor.hpp"
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/status.hpp"
-#include "fairkv/views/footprint.hpp"
 #include "fairkv/views/paged_kv_view.hpp"
 
 namespace fairkv::cpu {
@@ -40,40 +39,27 @@ void copy_row(const_keep_plan_view plan, const From& from, const To& to, std::in
   }
 }
 
-template <class T>
-[[nodiscard]] bool same_pool(const paged_side<const T>& a, const paged_side<T>& b) noexcept {
-  return a.data == b.data && a.num_pages == b.num_pages && a.page_size == b.page_size &&
-         a.stride_page == b.stride_page && a.stride_slot == b.stride_slot && a.stride_head == b.stride_head &&
-         a.stride_dim == b.stride_dim;
-}
-
 // `to` writes none of `from`'s memory.
 template <class T>
 [[nodiscard]] result check_apart(const paged_kv_view<const T>& from, const paged_kv_view<T>& to) noexcept {
-  if (same_pool(from.keys(), to.keys()) && same_pool(from.values(), to.values())) {
-    // One pool: page ids compare. One bit per page of the pool (validate() bounded every id by num_pages).
-    std::vector<std::uint64_t> listed;
-    try {
-      listed.resize(static_cast<std::size_t>((from.num_pages + 63) / 64));
-    } catch (...) {
-      return result::error(status::out_of_memory, "compact_into: a bitmap of %lld pool pages could not be allocated",
-                           static_cast<long long>(from.num_pages));
-    }
-    for (std::int64_t i = 0; i < from.indptr[from.batch]; ++i)
-      listed[static_cast<std::size_t>(from.indices[i]) / 64] |= std::uint64_t{1} << (from.indices[i] % 64);
-    for (std::int64_t i = 0; i < to.indptr[to.batch]; ++i)
-      if (listed[static_cast<std::size_t>(to.indices[i]) / 64] >> (to.indices[i] % 64) & 1u)
-        return result::error(status::invalid_argument,
-                             "to.indices[%lld] = page %d is also in from's table: the copy would overwrite tokens it "
-                             "reads (give the compressed copy pages of its own)",
-                             static_cast<long long>(i), to.indices[i]);
-    return {};
+  if (!same_pool(from, to)) return check_pools_apart(from, to);
+  // One pool: page ids compare. One bit per page of the pool (validate() bounded every id by num_pages).
+  std::vector<std::uint64_t> listed;
+  try {
+    listed.resize(static_cast<std::size_t>((from.num_pages + 63) / 64));
+  } catch (...) {
+    return result::error(status::out_of_memory, "compact_into: a bitmap of %lld pool pages could not be allocated",
+                         static_cast<long long>(from.num_pages));
   }
-  using fairkv::detail::check_disjoint, fairkv::detail::footprint_of;
-  FAIRKV_TRY(check_disjoint(footprint_of(from.keys()), "from.k_data", footprint_of(to.keys()), "to.k_data"));
-  FAIRKV_TRY(check_disjoint(footprint_of(from.keys()), "from.k_data", footprint_of(to.values()), "to.v_data"));
-  FAIRKV_TRY(check_disjoint(footprint_of(from.values()), "from.v_data", footprint_of(to.keys()), "to.k_data"));
-  return check_disjoint(footprint_of(from.values()), "from.v_data", footprint_of(to.values()), "to.v_data");
+  for (std::int64_t i = 0; i < from.indptr[from.batch]; ++i)
+    listed[static_cast<std::size_t>(from.indices[i]) / 64] |= std::uint64_t{1} << (from.indices[i] % 64);
+  for (std::int64_t i = 0; i < to.indptr[to.batch]; ++i)
+    if (listed[static_cast<std::size_t>(to.indices[i]) / 64] >> (to.indices[i] % 64) & 1u)
+      return result::error(status::invalid_argument,
+                           "to.indices[%lld] = page %d is also in from's table: the copy would overwrite tokens it "
+                           "reads (give the compressed copy pages of its own)",
+                           static_cast<long long>(i), to.indices[i]);
+  return {};
 }
 
 }  // namespace detail

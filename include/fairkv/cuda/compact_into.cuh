@@ -92,13 +92,6 @@ inline std::size_t compact_into_layout(void* base, compact_into_workspace& w, st
   return c.bytes();
 }
 
-template <class T>
-[[nodiscard]] bool same_pool(const paged_side<const T>& a, const paged_side<T>& b) noexcept {
-  return a.data == b.data && a.num_pages == b.num_pages && a.page_size == b.page_size &&
-         a.stride_page == b.stride_page && a.stride_slot == b.stride_slot && a.stride_head == b.stride_head &&
-         a.stride_dim == b.stride_dim;
-}
-
 }  // namespace detail
 
 // Two-phase temp storage, as compact(). Host checks (extents, layouts, two pools' memory) return an error here;
@@ -120,14 +113,8 @@ template <class T>
                          static_cast<long long>(plan.capacity));
   FAIRKV_TRY(validate_layout(from, "from"));
   FAIRKV_TRY(validate_layout(to, "to"));
-  const bool one_pool = same_pool(from.keys(), to.keys()) && same_pool(from.values(), to.values());
-  if (!one_pool) {
-    using fairkv::detail::check_disjoint, fairkv::detail::footprint_of;
-    FAIRKV_TRY(check_disjoint(footprint_of(from.keys()), "from.k_data", footprint_of(to.keys()), "to.k_data"));
-    FAIRKV_TRY(check_disjoint(footprint_of(from.keys()), "from.k_data", footprint_of(to.values()), "to.v_data"));
-    FAIRKV_TRY(check_disjoint(footprint_of(from.values()), "from.v_data", footprint_of(to.keys()), "to.k_data"));
-    FAIRKV_TRY(check_disjoint(footprint_of(from.values()), "from.v_data", footprint_of(to.values()), "to.v_data"));
-  }
+  const bool one_pool = same_pool(from, to);
+  if (!one_pool) FAIRKV_TRY(check_pools_apart(from, to));
   const std::int64_t row_bytes = to.head_dim * static_cast<std::int64_t>(sizeof(T));
   const std::int32_t chunk = chunk_rows(row_bytes);
   const std::int64_t cpr = (plan.capacity + chunk - 1) / chunk, blocks = plan.rows() * cpr;

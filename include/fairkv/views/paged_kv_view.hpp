@@ -218,6 +218,27 @@ template <class T>
   return detail::check_disjoint(k, k_pool, vf, pool);
 }
 
+// Out-of-place compaction (compact_into) reads `from` and writes `to`. Either both views describe one pool (the same
+// K and V memory, shape and strides: their page ids compare, and the backend checks no page is in both tables), or
+// `to` must not overlap `from` anywhere: two pools' memory.
+template <class T>
+[[nodiscard]] bool same_pool(const paged_kv_view<const T>& from, const paged_kv_view<T>& to) noexcept {
+  const auto same = [](const paged_side<const T>& a, const paged_side<T>& b) {
+    return a.data == b.data && a.num_pages == b.num_pages && a.page_size == b.page_size &&
+           a.stride_page == b.stride_page && a.stride_slot == b.stride_slot && a.stride_head == b.stride_head &&
+           a.stride_dim == b.stride_dim;
+  };
+  return same(from.keys(), to.keys()) && same(from.values(), to.values());
+}
+template <class T>
+[[nodiscard]] result check_pools_apart(const paged_kv_view<const T>& from, const paged_kv_view<T>& to) noexcept {
+  using detail::check_disjoint, detail::footprint_of;
+  FAIRKV_TRY(check_disjoint(footprint_of(from.keys()), "from.k_data", footprint_of(to.keys()), "to.k_data"));
+  FAIRKV_TRY(check_disjoint(footprint_of(from.keys()), "from.k_data", footprint_of(to.values()), "to.v_data"));
+  FAIRKV_TRY(check_disjoint(footprint_of(from.values()), "from.v_data", footprint_of(to.keys()), "to.k_data"));
+  return check_disjoint(footprint_of(from.values()), "from.v_data", footprint_of(to.values()), "to.v_data");
+}
+
 template <class T>
 [[nodiscard]] result validate(const paged_kv_view<T>& v, const char* name) noexcept {
   FAIRKV_TRY(validate_layout(v, name));
