@@ -22,7 +22,8 @@ struct layer_inputs {
   const float* attention = nullptr;  // [batch, q_heads, attention_rows, attention_ld]: softmaxed causal attention
                                      // rows of the last attention_rows queries over keys [0, tokens)
   std::int64_t attention_rows = 0;
-  std::int64_t attention_ld = 0;     // leading dimension of `attention` and of both column sums (0 = tokens)
+  std::int64_t attention_ld = 0;     // leading dimension of `attention` and of both column sums (0 = tokens;
+                                     // sequences of different lengths must give it)
   const float* attention_column_sums = nullptr;  // [batch, q_heads, attention_ld]: sum over all causal queries
                                                  // of A[q, k] (what H2O accumulates during prefill)
   std::int64_t attention_q_heads = 0;  // query heads of `attention` / `attention_column_sums` when no queries are

@@ -182,6 +182,47 @@ result gpu_plan(const host_case& c, fairkv::keep_plan& out, bool graph) {
   return d.plan.download(c, out);
 }
 
+result gpu_can_implement_requests(const host_case& c) {
+  return with_policy(c, [&](const auto& pol, auto tag) -> result {
+    using T = decltype(tag);
+    const auto in = fake_inputs<T>(c);
+    const fairkv::keep_plan_view out{fake_device_pointer<std::int32_t>(), fake_device_pointer<std::int32_t>(),
+                                     fake_device_pointer<std::int32_t>(), c.batch, c.heads, c.tokens};
+    const fairkv::request_batch requests = c.requests();
+    return fairkv::cuda::can_implement(pol, in, requests, out);
+  });
+}
+
+result gpu_plan_requests(const host_case& c, fairkv::keep_plan& out, bool handle) {
+  device_case d;
+  device_buffer temp;
+  FAIRKV_TRY(d.upload(c));
+  const fairkv::keep_plan_view view = d.plan.view(c.batch, c.heads, c.tokens);
+  const fairkv::request_batch requests = c.requests();
+  cudaStream_t stream = nullptr;
+  FAIRKV_TRY(fairkv::cuda::from_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
+  const result r = with_policy(c, [&](const auto& pol, auto tag) -> result {
+    const auto in = d.inputs<decltype(tag)>(c);
+    std::size_t bytes = 0;
+    FAIRKV_TRY(fairkv::cuda::plan(nullptr, bytes, pol, in, requests, view, stream));
+    FAIRKV_TRY(temp.allocate(bytes));
+    if (!handle) return fairkv::cuda::plan(temp.get(), bytes, pol, in, requests, view, stream);
+    using planner = fairkv::cuda::planner<std::decay_t<decltype(pol)>, std::decay_t<decltype(in)>>;
+    typename planner::arguments args{pol, in, {}, {}, {}, view};
+    args.requests = &requests;
+    planner p;
+    FAIRKV_TRY(p.initialize(args, temp.get(), bytes, stream));
+    FAIRKV_TRY(p.run(stream));
+    FAIRKV_TRY(fairkv::cuda::from_cuda(cudaMemsetAsync(view.indices, 0xFF, d.plan.indices.bytes(), stream)));
+    return p.run(stream);  // the tables uploaded once serve every run
+  });
+  const result synced = fairkv::cuda::from_cuda(cudaStreamSynchronize(stream));
+  cudaStreamDestroy(stream);
+  FAIRKV_TRY(r);
+  FAIRKV_TRY(synced);
+  return d.plan.download(c, out);
+}
+
 result gpu_score(const host_case& c, std::vector<float>& scores) {
   device_case d;
   device_buffer temp, out;

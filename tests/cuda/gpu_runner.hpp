@@ -29,6 +29,11 @@ struct device_info {
 
 // Device entry points: upload, run on a stream (optionally captured into a CUDA graph and replayed), download.
 [[nodiscard]] fairkv::result gpu_plan(const host_case& c, fairkv::keep_plan& out, bool graph = false);
+// The case's per-request lists (host_case::requests) in one cuda::plan call; handle: through a planner,
+// initialize() on the stream and run() twice.
+[[nodiscard]] fairkv::result gpu_plan_requests(const host_case& c, fairkv::keep_plan& out, bool handle = false);
+// cuda::can_implement with the case's per-request lists (host only).
+[[nodiscard]] fairkv::result gpu_can_implement_requests(const host_case& c);
 // cuda::planner as a handle: initialize() once, then run() twice on one stream (the output is overwritten with
 // garbage in between), each plan downloaded.
 [[nodiscard]] fairkv::result gpu_plan_handle(const host_case& c, fairkv::keep_plan& first, fairkv::keep_plan& second);

@@ -20,6 +20,7 @@
 #include "fairkv/budget.hpp"
 #include "fairkv/dtype.hpp"
 #include "fairkv/keep_plan.hpp"
+#include "fairkv/request_batch.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/policy.hpp"
 #include "fairkv/scorers/external.hpp"
@@ -90,6 +91,13 @@ struct host_case {
   std::vector<float> scores;                    // external: [batch, heads, tokens] or token-major [batch, tokens, heads]
   bool scores_token_major = false;
   std::int64_t score_tokens = 0;                // the scores view's tokens extent; 0: the cache's
+  // Per-request lists (fairkv::request_batch): set when `targets` is not empty; `segments` and `whitelist` then
+  // hold every sequence's lists back to back, split by these offsets.
+  std::vector<std::int32_t> seg_indptr, wl_indptr;
+  std::vector<fairkv::keep_target> targets;
+  [[nodiscard]] fairkv::request_batch requests() const {
+    return {seg_indptr, segments, wl_indptr, whitelist, targets};
+  }
 };
 
 // `f(target)` with the case's keep target: the keep_target where one is set, else the ratio as a double, so both

@@ -75,7 +75,39 @@ float special_value(std::mt19937& rng) {
   return pool[rng() % (sizeof(pool) / sizeof(pool[0]))];
 }
 
-host_case random_case(std::mt19937& rng, scorer_id s, selector_id sel, allocator_id a, dtype_id d) {
+// Segments the allocator accepts over L tokens: fair_paper's two adjacent spans, or up to four disjoint ones.
+std::vector<fairkv::segment> random_segments(std::mt19937& rng, allocator_id a, std::int64_t L) {
+  std::vector<fairkv::segment> out;
+  if (a == allocator_id::fair_paper) {
+    // Two adjacent spans [begin, split) and [split, end), sometimes from 0 or to L, in either order.
+    const auto begin = static_cast<std::int32_t>(rng() % 3 == 0 ? 0 : rng() % (L - 1));
+    const auto split = static_cast<std::int32_t>(begin + 1 + rng() % (L - 1 - begin));
+    const auto end = static_cast<std::int32_t>(rng() % 3 == 0 ? L : split + 1 + rng() % (L - split));
+    out = {{begin, split}, {split, end}};
+    if (rng() % 2) std::swap(out[0], out[1]);
+  } else if (uses_segments(a) && L > 1) {  // disjoint segments in random order
+    const int n = static_cast<int>(rng() % 5);
+    std::set<std::int32_t> cuts;
+    for (int i = 0; i < 2 * n; ++i) cuts.insert(static_cast<std::int32_t>(rng() % (L + 1)));
+    std::vector<std::int32_t> v(cuts.begin(), cuts.end());
+    for (std::size_t i = 0; i + 1 < v.size(); i += 2)
+      if (v[i] < v[i + 1] && rng() % 4 != 0) out.push_back({v[i], v[i + 1]});
+    std::shuffle(out.begin(), out.end(), rng);
+  }
+  return out;
+}
+
+// Up to min(n_keep, 999) positions (the CUDA backend forces at most 1024, tested separately), a repeat sometimes.
+std::vector<std::int32_t> random_whitelist(std::mt19937& rng, std::int64_t L, std::int64_t n_keep) {
+  std::vector<std::int32_t> out;
+  const std::int64_t n = static_cast<std::int64_t>(rng() % static_cast<unsigned>(std::min<std::int64_t>(n_keep, 999) + 1));
+  for (std::int64_t i = 0; i < n; ++i) out.push_back(static_cast<std::int32_t>(rng() % L));
+  if (!out.empty() && rng() % 2) out.push_back(out.front());  // duplicates count once
+  return out;
+}
+
+host_case random_case(std::mt19937& rng, scorer_id s, selector_id sel, allocator_id a, dtype_id d,
+                      std::int64_t batch = 0) {
   auto pick = [&](std::initializer_list<std::int64_t> v) { return *(v.begin() + rng() % v.size()); };
   host_case c;
   c.scorer = s;
@@ -83,7 +115,7 @@ host_case random_case(std::mt19937& rng, scorer_id s, selector_id sel, allocator
   c.allocator = a;
   c.dtype = d;
   if (s == scorer_id::random) c.seed = static_cast<std::uint32_t>(rng());
-  c.batch = pick({1, 1, 2});
+  c.batch = batch > 0 ? batch : pick({1, 1, 2});
   c.heads = pick({1, 2, 4, 8});
   c.q_heads = c.heads * pick({1, 2});
   const bool attn = is_attention(s);
@@ -105,29 +137,8 @@ host_case random_case(std::mt19937& rng, scorer_id s, selector_id sel, allocator
     c.attn = uses_segments(a) ? attention_input::rows : attention_input::column_sums;
   c.q_tokens = c.tokens;
   const std::int64_t L = c.tokens;
-  if (a == allocator_id::fair_paper) {
-    // Two adjacent spans [begin, split) and [split, end), sometimes from 0 or to L, in either order.
-    const auto begin = static_cast<std::int32_t>(rng() % 3 == 0 ? 0 : rng() % (L - 1));
-    const auto split = static_cast<std::int32_t>(begin + 1 + rng() % (L - 1 - begin));
-    const auto end = static_cast<std::int32_t>(rng() % 3 == 0 ? L : split + 1 + rng() % (L - split));
-    c.segments = {{begin, split}, {split, end}};
-    if (rng() % 2) std::swap(c.segments[0], c.segments[1]);
-  } else if (uses_segments(a) && L > 1) {  // disjoint segments in random order
-    const int n = static_cast<int>(rng() % 5);
-    std::set<std::int32_t> cuts;
-    for (int i = 0; i < 2 * n; ++i) cuts.insert(static_cast<std::int32_t>(rng() % (L + 1)));
-    std::vector<std::int32_t> v(cuts.begin(), cuts.end());
-    for (std::size_t i = 0; i + 1 < v.size(); i += 2)
-      if (v[i] < v[i + 1] && rng() % 4 != 0) c.segments.push_back({v[i], v[i + 1]});
-    std::shuffle(c.segments.begin(), c.segments.end(), rng);
-  }
-  if (uses_whitelist(a)) {
-    const std::int64_t n_keep = fairkv::keep_budget(L, c.ratio);
-    // At most 1000 entries: the CUDA backend's limit is 1024 (tested separately).
-    const std::int64_t n = static_cast<std::int64_t>(rng() % static_cast<unsigned>(std::min<std::int64_t>(n_keep, 999) + 1));
-    for (std::int64_t i = 0; i < n; ++i) c.whitelist.push_back(static_cast<std::int32_t>(rng() % L));
-    if (!c.whitelist.empty() && rng() % 2) c.whitelist.push_back(c.whitelist.front());  // duplicates count once
-  }
+  c.segments = random_segments(rng, a, L);
+  if (uses_whitelist(a)) c.whitelist = random_whitelist(rng, L, fairkv::keep_budget(L, c.ratio));
   if (uses_segments(a)) {
     // Sinks (none, the default, many) and boundary tokens where the budget holds them with the whitelist.
     c.protect.n_sink = static_cast<std::int32_t>(pick({0, 4, 4, 9}));
@@ -220,6 +231,55 @@ void use_token_budget(std::mt19937& rng, host_case& c) {
   c.name += " tokens " + std::to_string(n);
 }
 
+// Gives every sequence of the case its own segments, whitelist and target (a ratio, or a token budget within or
+// above the sequence), as a batch of requests with different system prompts would. Boundary tokens are dropped
+// where some sequence's budget cannot hold them with its whitelist; the column sums renormalised to the regions
+// of one list cannot serve several, so those cases read the attention rows instead.
+void use_requests(std::mt19937& rng, host_case& c) {
+  const std::int64_t L = c.tokens;
+  const bool shared_target = rng() % 4 == 0;
+  c.segments.clear();
+  c.whitelist.clear();
+  c.seg_indptr = {0};
+  c.wl_indptr = {0};
+  c.targets.clear();
+  for (std::int64_t b = 0; b < c.batch; ++b) {
+    const double ratios[] = {0.0, 0.1, 0.5, 0.75, 0.9};
+    const fairkv::keep_target t =
+        rng() % 3 == 0 ? fairkv::keep_target::of_tokens(1 + static_cast<std::int64_t>(rng() % static_cast<unsigned>(L + 2)))
+                       : fairkv::keep_target::of_ratio(ratios[rng() % 5]);
+    if (b == 0 || !shared_target) c.targets.push_back(t);
+    const std::int64_t n_keep = c.targets.back().n_keep(L);
+    const std::vector<fairkv::segment> seg = random_segments(rng, c.allocator, L);
+    const std::vector<std::int32_t> wl = uses_whitelist(c.allocator) ? random_whitelist(rng, L, n_keep)
+                                                                      : std::vector<std::int32_t>{};
+    std::int64_t hard = static_cast<std::int64_t>(std::set<std::int32_t>(wl.begin(), wl.end()).size());
+    for (const fairkv::segment& g : seg) hard += std::min<std::int64_t>(g.size(), 2 * c.protect.boundary);
+    if (hard > n_keep || hard > 1000) c.protect.boundary = 0;  // sinks and boundaries are the policy's, for all
+    c.segments.insert(c.segments.end(), seg.begin(), seg.end());
+    c.whitelist.insert(c.whitelist.end(), wl.begin(), wl.end());
+    c.seg_indptr.push_back(static_cast<std::int32_t>(c.segments.size()));
+    c.wl_indptr.push_back(static_cast<std::int32_t>(c.whitelist.size()));
+  }
+  if (c.attn == attention_input::local_column_sums) c.attn = attention_input::rows;
+  if (c.allocator == allocator_id::prioritized) {  // weights are the policy's: per-request segments get defaults
+    c.priorities.clear();
+    c.remainder_priority = {};
+  }
+  c.name += " requests: targets " + std::to_string(c.targets.size()) + ", segments " +
+            std::to_string(c.segments.size()) + ", whitelist " + std::to_string(c.whitelist.size());
+}
+
+result cpu_plan_requests(const host_case& c, fairkv::keep_plan& out) {
+  return with_policy(c, [&](const auto& pol, auto tag) -> result {
+    using T = decltype(tag);
+    const auto in = make_inputs<T>(c, reinterpret_cast<const T*>(c.k_bytes.data()), c.queries.data(),
+                                   c.attention.data(), c.column_sums.data(),
+                                   c.scores.empty() ? nullptr : c.scores.data(), c.local_column_sums.data());
+    return fairkv::cpu::plan(pol, in, c.requests(), out);
+  });
+}
+
 result cpu_plan(const host_case& c, fairkv::keep_plan& out) {
   return with_policy(c, [&](const auto& pol, auto tag) -> result {
     using T = decltype(tag);
@@ -268,11 +328,13 @@ void check_compaction_parity(const host_case& c, const fairkv::keep_plan& plan) 
 }
 
 // Plans an exact case (key or position scorer) on both backends, requires identical plans, then compacts with it.
+// A case with per-request lists plans them in one call on each backend (graph: through a planner handle).
 void check_exact_parity(const host_case& c, bool graph = false) {
   fairkv::keep_plan want, got;
-  const result cr = cpu_plan(c, want);
+  const bool requests = !c.targets.empty();
+  const result cr = requests ? cpu_plan_requests(c, want) : cpu_plan(c, want);
   REQUIRE_MESSAGE(cr.ok(), std::string(cr.message()));
-  const result gr = gpu_plan(c, got, graph);
+  const result gr = requests ? gpu_plan_requests(c, got, graph) : gpu_plan(c, got, graph);
   REQUIRE_MESSAGE(gr.ok(), std::string(gr.message()));
   std::string why;
   CHECK_MESSAGE(same_plan(want, got, why), why);
@@ -283,9 +345,10 @@ void check_exact_parity(const host_case& c, bool graph = false) {
 // plans may differ by a few swaps of near-tied tokens (returns false); anything else fails. True: identical plans.
 bool attention_parity(const host_case& c) {
   fairkv::keep_plan want, got;
-  const result cr = cpu_plan(c, want);
+  const bool requests = !c.targets.empty();
+  const result cr = requests ? cpu_plan_requests(c, want) : cpu_plan(c, want);
   REQUIRE_MESSAGE(cr.ok(), std::string(cr.message()));
-  const result gr = gpu_plan(c, got);
+  const result gr = requests ? gpu_plan_requests(c, got) : gpu_plan(c, got);
   REQUIRE_MESSAGE(gr.ok(), std::string(gr.message()));
   std::string why;
   if (same_plan(want, got, why)) return true;
@@ -655,6 +718,59 @@ TEST_SUITE("cuda_host") {
                                           std::to_string(c.tokens) + " tokens at a budget of 8 tokens");
   }
 
+  TEST_CASE("cuda host checks: per-request lists are refused as the CPU refuses them, naming the sequence") {
+    std::mt19937 rng(11);
+    host_case c = random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::fair_with_whitelist,
+                              dtype_id::f32, 3);
+    c.tokens = c.q_tokens = c.capacity = 120;
+    c.layout = layout_id::contiguous;
+    c.protect = {};
+    c.k_bytes.assign(static_cast<std::size_t>(storage_elements(c) * 4), 0);
+    c.segments = {{0, 10}, {10, 40}, {5, 30}, {0, 120}};
+    c.seg_indptr = {0, 2, 3, 4};
+    c.whitelist = {3, 7, 119};
+    c.wl_indptr = {0, 1, 1, 3};
+    c.targets = {fairkv::keep_target::of_ratio(0.5), fairkv::keep_target::of_tokens(7),
+                 fairkv::keep_target::of_ratio(0.2)};
+    fairkv::keep_plan cp;
+    REQUIRE(cpu_plan_requests(c, cp).ok());
+    CHECK(gpu_can_implement_requests(c).ok());
+    auto same_refusal = [&](const host_case& bad, const char* names) {
+      fairkv::keep_plan out;
+      const result want = cpu_plan_requests(bad, out), got = gpu_can_implement_requests(bad);
+      CAPTURE(want.message());
+      CHECK_FALSE(want.ok());
+      CHECK(got.code() == want.code());
+      CHECK(std::string(got.message()) == std::string(want.message()));
+      CHECK(std::string(got.message()).find(names) != std::string::npos);
+    };
+    host_case bad = c;
+    bad.segments[2] = {100, 130};  // sequence 1's segment leaves the sequence
+    same_refusal(bad, "sequence 1");
+    bad = c;
+    bad.targets.pop_back();  // two targets for three sequences
+    same_refusal(bad, "3");
+    bad = c;
+    bad.seg_indptr.back() = 3;
+    same_refusal(bad, "seg_indptr");
+    bad = c;
+    bad.targets[2] = fairkv::keep_target::of_tokens(0);
+    same_refusal(bad, "sequence 2");
+    bad = c;
+    bad.targets.clear();
+    bad.targets.push_back(fairkv::keep_target::of_tokens(2));  // sequence 2's whitelist of 2 fits, the plan does
+    CHECK(gpu_can_implement_requests(bad).ok() == cpu_plan_requests(bad, cp).ok());
+    // This backend's own limit names the sequence too: 32 segments in sequence 2, where the CPU plans them.
+    bad = c;
+    bad.segments.resize(3);
+    for (std::int32_t i = 0; i < cuda_max_segments() + 1; ++i) bad.segments.push_back({3 * i, 3 * i + 2});
+    bad.seg_indptr = {0, 2, 3, static_cast<std::int32_t>(bad.segments.size())};
+    REQUIRE(cpu_plan_requests(bad, cp).ok());
+    const result limit = gpu_can_implement_requests(bad);
+    CHECK(limit.code() == status::not_supported);
+    CHECK(std::string(limit.message()).rfind("sequence 2: ", 0) == 0);
+  }
+
   TEST_CASE("cuda host checks: the CUDA backend's limits are reported, not silently exceeded") {
     std::mt19937 rng(3);
     host_case c = random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::fair, dtype_id::f32);
@@ -775,6 +891,38 @@ TEST_SUITE("cuda_parity") {
     const auto combinations = std::size(exact_scorers) * std::size(all_selectors) * std::size(all_allocators);
     CHECK(cases == static_cast<int>(combinations) - 3);  // external x fair_paper is refused, for every selector
     CHECK(attention_exact * 10 >= attention * 7);
+  }
+
+  TEST_CASE("cuda parity: per-request segments, whitelists and targets in one launch sequence" *
+            doctest::skip(no_device)) {
+    std::mt19937 rng(3607);
+    int cases = 0, attention = 0, attention_exact = 0, shared = 0;
+    for (int rep = 0; rep < (quick ? 1 : 2); ++rep)
+      for (const scorer_id s : {scorer_id::knorm, scorer_id::streaming_llm, scorer_id::external, scorer_id::snapkv,
+                                scorer_id::tova, scorer_id::h2o})
+        for (const selector_id sel : all_selectors)
+          for (const allocator_id a : all_allocators) {
+            if (a == allocator_id::debias) continue;  // the CUDA backend refuses it (cuda_host)
+            if (s == scorer_id::external && a == allocator_id::fair_paper) continue;
+            const bool attn = is_attention(s);
+            const dtype_id d = float_keys_only(s) || attn ? dtype_id::f32 : all_dtypes[rng() % 3];
+            host_case c;
+            do c = random_case(rng, s, sel, a, d, 2 + static_cast<std::int64_t>(rng() % 3));
+            while (c.tokens > (quick ? 600 : 1500) || (a == allocator_id::fair_paper && c.tokens < 3));
+            use_requests(rng, c);
+            CAPTURE(c.name);
+            ++cases;
+            shared += c.targets.size() == 1 ? 1 : 0;
+            if (!attn) {
+              check_exact_parity(c, cases % 3 == 0);
+            } else {
+              ++attention;
+              attention_exact += attention_parity(c) ? 1 : 0;
+            }
+          }
+    MESSAGE(cases << " request batches of 2-4 sequences (" << shared << " with one target for all), " << attention
+                  << " attention, " << attention_exact << " of them bit-identical");
+    CHECK(attention_exact * 10 >= attention * 8);
   }
 
   TEST_CASE("cuda parity: attention scorers (near-ties aside, the same plans)" * doctest::skip(no_device)) {

@@ -310,6 +310,11 @@ template <executor E, class S, class Sel, class A, class KeySource, class Q>
     return plan(ex, ws, bytes, pol, in, requests, view);
   });
 }
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result plan(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                          const request_batch& requests, keep_plan& out) noexcept {
+  return plan(serial_executor{}, pol, in, requests, out);
+}
 
 }  // namespace cpu
 }  // namespace fairkv

@@ -35,6 +35,7 @@
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/policy.hpp"
+#include "fairkv/request_batch.hpp"
 #include "fairkv/segments.hpp"
 #include "fairkv/status.hpp"
 
@@ -63,7 +64,32 @@ template <class S, class Sel, class A, class KeySource, class Q>
   const typename handle::arguments args{pol, in, segments, whitelist, target, out};
   if (d_temp_storage == nullptr) return handle::get_workspace_size(args, temp_storage_bytes);
   handle h;
-  FAIRKV_TRY(h.initialize(args, d_temp_storage, temp_storage_bytes));
+  FAIRKV_TRY(h.initialize(args, d_temp_storage, temp_storage_bytes, stream));
+  return h.run(stream);
+}
+
+// A batch of requests, each sequence with its own segments, whitelist and target (fairkv/request_batch.hpp, host
+// arrays), in one launch sequence; sequence b's plan is the one a single-list call gives for that sequence alone,
+// and errors in one sequence's lists name it (as cpu::plan's request overload). The sequences' parameters are
+// copied into the temp storage on `stream` before the launches (one host-to-device copy from pageable memory,
+// which the driver stages before the call returns): to capture the plan into a graph, keep a planner and capture
+// its run().
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result can_implement(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                                   const request_batch& requests, const keep_plan_view& out) noexcept {
+  using handle = planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>>;
+  return handle::can_implement({pol, in, {}, {}, {}, out, &requests});
+}
+
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result plan(void* d_temp_storage, std::size_t& temp_storage_bytes, const policy<S, Sel, A>& pol,
+                          const layer_inputs<KeySource, Q>& in, const request_batch& requests, keep_plan_view out,
+                          cudaStream_t stream = nullptr) noexcept {
+  using handle = planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>>;
+  const typename handle::arguments args{pol, in, {}, {}, {}, out, &requests};
+  if (d_temp_storage == nullptr) return handle::get_workspace_size(args, temp_storage_bytes);
+  handle h;
+  FAIRKV_TRY(h.initialize(args, d_temp_storage, temp_storage_bytes, stream));
   return h.run(stream);
 }
 

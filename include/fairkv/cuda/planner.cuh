@@ -14,14 +14,22 @@
 // run() only launches, so it can be called once per step or captured into a graph, and replays redo no host
 // work. The handle keeps copies of the views and the parameters (about 11 KiB), not of the host segments and
 // whitelist: they are read only by initialize(). The free functions of cuda/plan.cuh are this handle, used once.
+//
+// A batch of requests, each with its own segments, whitelist and target (fairkv/request_batch.hpp, in
+// `arguments::requests`), plans in the same one launch sequence: the parameters of each sequence (about 11 KiB)
+// go into the workspace with one host-to-device copy that initialize() enqueues on its stream (the handle keeps
+// the host copy alive); run on that stream, or order yours after it. The workspace then holds those tables: it
+// belongs to this handle until the next initialize().
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "fairkv/budget.hpp"
 #include "fairkv/cuda/detail/launch.cuh"
@@ -39,6 +47,7 @@
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/policy.hpp"
+#include "fairkv/request_batch.hpp"
 #include "fairkv/segments.hpp"
 #include "fairkv/status.hpp"
 
@@ -47,6 +56,8 @@ namespace fairkv::cuda {
 // One plan request. `inputs` and `out` describe device memory; `segments` and `whitelist` are small host
 // arrays (detail/params.cuh states the limits). `target` is a ratio or a token budget (fairkv/budget.hpp); a
 // double in its place is a ratio, so `{policy, inputs, segments, whitelist, 0.5, out}` means what it always did.
+// `requests` (host, optional): each sequence's own segments, whitelist and target instead of the three above,
+// which must then be left empty (the target is ignored).
 template <class Policy, class Inputs>
 struct plan_arguments {
   Policy policy;
@@ -55,6 +66,7 @@ struct plan_arguments {
   std::span<const std::int32_t> whitelist{};
   keep_target target{};
   keep_plan_view out{};
+  const request_batch* requests = nullptr;
 };
 
 template <class Policy, class Inputs>
@@ -73,34 +85,67 @@ class planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>> {
   // this backend's limits, the output plan, and (for key rows above 48 KiB of shared memory) the device's
   // opt-in limit. A success means run() will launch, device errors aside. Touches no device memory.
   [[nodiscard]] static result can_implement(const arguments& args) noexcept {
-    detail::plan_params p;
-    detail::attention_params a;
-    FAIRKV_TRY(detail::build_params(args.policy, args.inputs, args.segments, args.whitelist, args.target, true, p, a));
-    FAIRKV_TRY(check_output(args));
+    detail::batch_params bp;
+    FAIRKV_TRY(build(args, true, bp, [](std::int64_t, const detail::plan_params&, const detail::attention_params&) {
+      return result{};
+    }));
+    FAIRKV_TRY(check_output(args, bp));
     return check_key_smem(args.inputs);
   }
 
   // The temp storage initialize() needs. Like the CPU's size query, it does not look at the whitelist budget.
   [[nodiscard]] static result get_workspace_size(const arguments& args, std::size_t& bytes) noexcept {
-    detail::plan_params p;
-    detail::attention_params a;
+    detail::batch_params bp;
     detail::plan_workspace w;
-    FAIRKV_TRY(detail::build_params(args.policy, args.inputs, args.segments, args.whitelist, args.target, false, p, a));
-    bytes = detail::layout<S, Sel>(nullptr, w, p, a);
+    FAIRKV_TRY(build(args, false, bp, [](std::int64_t, const detail::plan_params&, const detail::attention_params&) {
+      return result{};
+    }));
+    bytes = detail::layout<S, Sel>(nullptr, w, bp);
     return {};
   }
 
   // Builds the kernel parameters and carves d_workspace (device memory of at least get_workspace_size bytes,
-  // which must outlive every run). Host work only, plus the key kernel's shared-memory opt-in when it needs one.
-  [[nodiscard]] result initialize(const arguments& args, void* d_workspace, std::size_t workspace_bytes) noexcept {
+  // which must outlive every run). Host work only, plus the key kernel's shared-memory opt-in when it needs one
+  // and, for per-sequence parameters (requests), their copy into the workspace on `stream`.
+  [[nodiscard]] result initialize(const arguments& args, void* d_workspace, std::size_t workspace_bytes,
+                                  cudaStream_t stream = nullptr) noexcept {
     ready_ = false;
-    FAIRKV_TRY(detail::build_params(args.policy, args.inputs, args.segments, args.whitelist, args.target, true, p_, a_));
+    max_slices_ = 0;
+    tables_.clear();
+    attention_tables_.clear();
+    FAIRKV_TRY(build(args, true, bp_, [&](std::int64_t, const detail::plan_params& p,
+                                          const detail::attention_params& a) -> result {
+      for (std::int32_t g = 0; g < p.groups; ++g) max_slices_ = std::max(max_slices_, detail::slices_of(p.sizes[g]));
+      if (!bp_.per_sequence) {
+        bp_.one = p;
+        bp_.one_attention = a;
+        return {};
+      }
+      try {
+        tables_.push_back(p);
+        if constexpr (is_attention_source(S::source)) attention_tables_.push_back(a);
+      } catch (...) {
+        return result::error(status::out_of_memory, "the per-sequence parameters could not be allocated on the host");
+      }
+      return {};
+    }));
     FAIRKV_TRY(fairkv::detail::check_workspace("temp_storage_bytes", workspace_bytes,
-                                               detail::layout<S, Sel>(nullptr, w_, p_, a_)));
-    FAIRKV_TRY(check_output(args));
-    if constexpr (S::source == score_source::keys) FAIRKV_TRY((detail::prepare_key_launch<S, T>(args.inputs.keys, keys_)));
+                                               detail::layout<S, Sel>(nullptr, w_, bp_)));
+    FAIRKV_TRY(check_output(args, bp_));
+    if constexpr (S::source == score_source::keys)
+      FAIRKV_TRY((detail::prepare_key_launch<S, KeySource>(args.inputs.keys, keys_)));
     if (d_workspace == nullptr) return result::error(status::null_pointer, "the temp storage is null");
-    detail::layout<S, Sel>(detail::align_base(d_workspace), w_, p_, a_);
+    detail::layout<S, Sel>(detail::align_base(d_workspace), w_, bp_);
+    if (bp_.per_sequence) {
+      bp_.seq = w_.params;
+      bp_.attn = w_.attention;
+      FAIRKV_CUDA_TRY(cudaMemcpyAsync(w_.params, tables_.data(), tables_.size() * sizeof(detail::plan_params),
+                                      cudaMemcpyHostToDevice, stream));
+      if (!attention_tables_.empty())
+        FAIRKV_CUDA_TRY(cudaMemcpyAsync(w_.attention, attention_tables_.data(),
+                                        attention_tables_.size() * sizeof(detail::attention_params),
+                                        cudaMemcpyHostToDevice, stream));
+    }
     scorer_.emplace(args.policy.scorer);
     inputs_ = args.inputs;
     out_ = args.out;
@@ -113,49 +158,52 @@ class planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>> {
     using namespace detail;
     if (!ready_)
       return result::error(status::invalid_argument, "fairkv::cuda::planner::run() before a successful initialize()");
-    const plan_params& p = p_;
+    const batch_params& bp = bp_;
     const plan_workspace& w = w_;
-    FAIRKV_TRY((launch_scores<S, T, Q>(*scorer_, inputs_, p, a_, keys_, w, stream)));
-    const std::int64_t rows = static_cast<std::int64_t>(p.batch) * p.heads;
+    FAIRKV_TRY((launch_scores<S, A, KeySource, Q>(*scorer_, inputs_, bp, keys_, w, stream)));
+    const std::int64_t rows = static_cast<std::int64_t>(bp.batch) * bp.heads;
     constexpr bool uni = Sel::kind == selection_kind::union_heads;
     if constexpr (Sel::kind == selection_kind::per_head || uni) {
       const float* sel_scores = w.scores;
       if constexpr (uni) {
-        FAIRKV_TRY(launch(head_mean_kernel<>, grid_for(static_cast<std::int64_t>(p.batch) * p.tokens, elementwise_threads),
-                          elementwise_threads, 0, stream, w.scores, p.batch, p.heads, p.tokens, w.mean));
+        FAIRKV_TRY(launch(head_mean_kernel<>, grid_for(static_cast<std::int64_t>(bp.batch) * bp.pitch, elementwise_threads),
+                          elementwise_threads, 0, stream, w.scores, bp, w.mean));
         sel_scores = w.mean;
       }
-      const std::int64_t problems = (uni ? p.batch : rows) * p.groups;
-      std::int32_t max_slices = 0;
-      for (std::int32_t g = 0; g < p.groups; ++g) max_slices = std::max(max_slices, slices_of(p.sizes[g]));
+      const std::int64_t problems = (uni ? bp.batch : rows) * bp.groups;
       FAIRKV_CUDA_TRY(cudaMemsetAsync(w.states, 0, static_cast<std::size_t>(problems) * sizeof(split_state), stream));
-      const dim3 grid(static_cast<unsigned>(max_slices), static_cast<unsigned>(problems));
-      for (int pass = 0; pass < 4; ++pass)
-        FAIRKV_TRY(launch(split_hist_kernel<Sel::kind>, grid, split_threads, 0, stream, p, sel_scores, w.states,
-                          w.slice_hist, pass));
-      FAIRKV_TRY(launch(split_mark_kernel<Sel::kind>, grid, split_threads, 0, stream, p, sel_scores, w.states,
-                        w.slice_hist, w.keep));
+      if (max_slices_ > 0) {
+        const dim3 grid(static_cast<unsigned>(max_slices_), static_cast<unsigned>(problems));
+        for (int pass = 0; pass < 4; ++pass)
+          FAIRKV_TRY(launch(split_hist_kernel<Sel::kind>, grid, split_threads, 0, stream, bp, sel_scores, w.states,
+                            w.slice_hist, pass));
+        FAIRKV_TRY(launch(split_mark_kernel<Sel::kind>, grid, split_threads, 0, stream, bp, sel_scores, w.states,
+                          w.slice_hist, w.keep));
+      }
     } else if constexpr (Sel::kind == selection_kind::head_adaptive) {
       FAIRKV_TRY(launch(head_adaptive_select_kernel<>,
-                        dim3(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.groups)), select_threads, 0,
-                        stream, p, w.scores, w.keep));
+                        dim3(static_cast<unsigned>(bp.batch), static_cast<unsigned>(bp.groups)), select_threads, 0,
+                        stream, bp, w.scores, w.keep));
     } else {
       static_assert(dependent_false<Sel>, "fairkv::cuda::planner: unknown selection_kind");
     }
-    const dim3 emit_grid(static_cast<unsigned>((std::int64_t{p.tokens} + emit_chunk - 1) / emit_chunk),
+    const dim3 emit_grid(static_cast<unsigned>((std::int64_t{bp.pitch} + emit_chunk - 1) / emit_chunk),
                          static_cast<unsigned>(rows));
-    FAIRKV_TRY(launch(emit_count_kernel<>, emit_grid, emit_threads, 0, stream, w.keep, p.heads, p.tokens, uni,
-                      w.chunk_counts));
-    return launch(emit_write_kernel<>, emit_grid, emit_threads, 0, stream, w.keep, p.heads, p.tokens, uni,
-                  w.chunk_counts, out_);
+    FAIRKV_TRY(launch(emit_count_kernel<>, emit_grid, emit_threads, 0, stream, w.keep, bp, uni, w.chunk_counts));
+    return launch(emit_write_kernel<>, emit_grid, emit_threads, 0, stream, w.keep, bp, uni, w.chunk_counts, out_);
   }
 
  private:
   using T = typename KeySource::value_type;
 
-  [[nodiscard]] static result check_output(const arguments& args) noexcept {
-    return fairkv::detail::check_output_plan(args.out, args.inputs.keys.batch, args.inputs.keys.heads,
-                                             args.inputs.keys.tokens);
+  template <class Each>
+  [[nodiscard]] static result build(const arguments& args, bool with_budgets, detail::batch_params& bp,
+                                    Each&& each) noexcept {
+    return detail::build_params(args.policy, args.inputs, args.segments, args.whitelist, args.target, args.requests,
+                                with_budgets, bp, each);
+  }
+  [[nodiscard]] static result check_output(const arguments& args, const detail::batch_params& bp) noexcept {
+    return fairkv::detail::check_output_plan(args.out, bp.batch, bp.heads, bp.pitch);
   }
   // The key kernel's shared memory against the device's opt-in limit, without opting in.
   [[nodiscard]] static result check_key_smem(const layer_inputs<KeySource, Q>& in) noexcept {
@@ -168,8 +216,10 @@ class planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>> {
     }
   }
 
-  detail::plan_params p_{};
-  detail::attention_params a_{};
+  detail::batch_params bp_{};
+  std::vector<detail::plan_params> tables_;                // per-sequence parameters: the source of their upload
+  std::vector<detail::attention_params> attention_tables_;
+  std::int32_t max_slices_ = 0;  // the most selection slices of any group: the split select's grid
   detail::plan_workspace w_{};
   detail::key_launch keys_{};
   std::optional<S> scorer_;  // a scorer need not be default-constructible

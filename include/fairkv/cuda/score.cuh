@@ -42,31 +42,34 @@ template <class S, class KeySource, class Q>
 [[nodiscard]] result score(void* d_temp_storage, std::size_t& temp_storage_bytes, const S& scorer,
                            const layer_inputs<KeySource, Q>& in, float* d_scores, std::int64_t ld,
                            cudaStream_t stream = nullptr) noexcept {
-  using T = typename KeySource::value_type;
   // The head-adaptive selector's workspace has no split-selection buffers: the smallest around the scores.
   const policy<S, selectors::head_adaptive, allocators::uniform> pol{scorer, {}, {}};
-  detail::plan_params p;
-  detail::attention_params a;
+  detail::batch_params bp;
   detail::plan_workspace w;
-  FAIRKV_TRY(detail::build_params(pol, in, {}, {}, keep_target(0.5), false, p, a));
+  FAIRKV_TRY(detail::build_params(pol, in, {}, {}, keep_target(0.5), nullptr, false, bp,
+                                  [&](std::int64_t, const detail::plan_params& p, const detail::attention_params& a) {
+                                    bp.one = p;
+                                    bp.one_attention = a;
+                                    return result{};
+                                  }));
   if (d_scores == nullptr) return result::error(status::null_pointer, "d_scores is null");
-  if (ld < p.tokens)
+  if (ld < bp.pitch)
     return result::error(status::invalid_shape, "ld = %lld is smaller than the sequence (%d tokens)",
-                         static_cast<long long>(ld), p.tokens);
-  const std::size_t needed = detail::layout<S, selectors::head_adaptive>(nullptr, w, p, a);
+                         static_cast<long long>(ld), bp.pitch);
+  const std::size_t needed = detail::layout<S, selectors::head_adaptive>(nullptr, w, bp);
   if (d_temp_storage == nullptr) {
     temp_storage_bytes = needed;
     return {};
   }
   FAIRKV_TRY(fairkv::detail::check_workspace("temp_storage_bytes", temp_storage_bytes, needed));
   detail::key_launch keys{};
-  if constexpr (S::source == score_source::keys) FAIRKV_TRY((detail::prepare_key_launch<S, T>(in.keys, keys)));
-  detail::layout<S, selectors::head_adaptive>(detail::align_base(d_temp_storage), w, p, a);
-  FAIRKV_TRY((detail::launch_scores<S, T, Q>(scorer, in, p, a, keys, w, stream)));
-  const std::int64_t rows = static_cast<std::int64_t>(p.batch) * p.heads;
-  return detail::launch(detail::copy_scores_kernel<>, detail::grid_for(rows * p.tokens, detail::elementwise_threads),
+  if constexpr (S::source == score_source::keys) FAIRKV_TRY((detail::prepare_key_launch<S, KeySource>(in.keys, keys)));
+  detail::layout<S, selectors::head_adaptive>(detail::align_base(d_temp_storage), w, bp);
+  FAIRKV_TRY((detail::launch_scores<S, allocators::uniform, KeySource, Q>(scorer, in, bp, keys, w, stream)));
+  const std::int64_t rows = static_cast<std::int64_t>(bp.batch) * bp.heads;
+  return detail::launch(detail::copy_scores_kernel<>, detail::grid_for(rows * bp.pitch, detail::elementwise_threads),
                         detail::elementwise_threads, 0, stream, static_cast<const float*>(w.scores), rows,
-                        std::int64_t{p.tokens}, d_scores, ld);
+                        std::int64_t{bp.pitch}, d_scores, ld);
 }
 
 }  // namespace fairkv::cuda

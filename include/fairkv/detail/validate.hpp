@@ -132,6 +132,13 @@ template <class S, class A, class KeySource, class Q>
                              "inputs.queries has %lld positions; it must hold between 1 and %lld (the shortest sequence)",
                              static_cast<long long>(in.queries.tokens), static_cast<long long>(min_tokens));
     } else {
+      // One leading dimension for the whole batch: sequences of different lengths cannot default it to theirs.
+      if (in.attention_ld == 0 && min_tokens != max_tokens)
+        return result::error(status::invalid_shape,
+                             "inputs.attention_ld is 0 but the sequences have %lld to %lld tokens: give the "
+                             "attention's leading dimension (at least %lld)",
+                             static_cast<long long>(min_tokens), static_cast<long long>(max_tokens),
+                             static_cast<long long>(max_tokens));
       const std::int64_t ld = in.attention_ld != 0 ? in.attention_ld : max_tokens;
       if (ld < max_tokens)
         return result::error(status::invalid_shape, "inputs.attention_ld = %lld is smaller than the %lld tokens",

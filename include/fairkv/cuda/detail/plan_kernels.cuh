@@ -19,15 +19,16 @@ namespace fairkv::cuda::detail {
 // Non-template kernels are templates with a defaulted parameter: a plain __global__ function defined in a header
 // would be defined once per translation unit and break the link of a program with two .cu files.
 
-// mean [batch, tokens] = sum over heads in head order, then / heads (the CPU's exact expression; a NaN in any
-// head propagates). scores [batch * heads, tokens]
+// mean [batch, pitch] = sum over heads in head order, then / heads (the CPU's exact expression; a NaN in any
+// head propagates). scores [batch * heads, pitch]
 template <int = 0>
-__global__ void head_mean_kernel(const float* scores, std::int32_t batch, std::int32_t heads, std::int32_t tokens,
-                                 float* mean) {
-  const std::int64_t total = static_cast<std::int64_t>(batch) * tokens;
+__global__ void head_mean_kernel(const float* scores, __grid_constant__ const batch_params bp, float* mean) {
+  const std::int64_t tokens = bp.pitch, heads = bp.heads;
+  const std::int64_t total = static_cast<std::int64_t>(bp.batch) * tokens;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t b = i / tokens, t = i % tokens;
+    if (t >= bp.of(b).tokens) continue;
     float s = 0.f;
     for (std::int32_t h = 0; h < heads; ++h) s += scores[(b * heads + h) * tokens + t];
     mean[i] = s / static_cast<float>(heads);
@@ -36,15 +37,16 @@ __global__ void head_mean_kernel(const float* scores, std::int32_t batch, std::i
 
 // head_adaptive: one block per (sequence, group), because the layer-global choice of a group depends on every
 // head's safeguard. Writes keep[b * heads + h, t] for every token t of the group: 1 if whitelisted or selected.
-// scores [batch * heads, tokens], keep [batch * heads, tokens]. (per_head and union use select_split.cuh.)
-// A template: see the note at the top of this file.
+// grid = (batch, bp.groups). scores [batch * heads, pitch], keep [batch * heads, pitch]. (per_head and union use
+// select_split.cuh.) A template: see the note at the top of this file.
 template <int = 0>
 __global__ void __launch_bounds__(select_threads)
-    head_adaptive_select_kernel(__grid_constant__ const plan_params p, const float* __restrict__ scores,
-                                std::uint8_t* __restrict__ keep) {
+    head_adaptive_select_kernel(__grid_constant__ const batch_params bp, const float* __restrict__ scores, std::uint8_t* __restrict__ keep) {
   __shared__ select_smem s;
   const std::int32_t row = blockIdx.x, g = blockIdx.y;
-  const std::int64_t L = p.tokens;
+  const plan_params& p = bp.of(row);
+  if (g >= p.groups) return;  // the whole block: this sequence has fewer groups
+  const std::int64_t L = bp.pitch;  // the row pitch; the group's runs lie inside the sequence
   const std::int32_t H = p.heads;
   const float* sc = scores + static_cast<std::int64_t>(row) * H * L;  // this sequence's [heads, tokens]
   std::uint8_t* kp = keep + static_cast<std::int64_t>(row) * H * L;
@@ -81,16 +83,18 @@ __global__ void __launch_bounds__(select_threads)
 // The stable gather, in two launches so that a long row is spread over many blocks:
 // emit_count_kernel counts the kept tokens of every chunk of emit_chunk tokens, emit_write_kernel scans its
 // chunk (CUB BlockScan) and writes the kept indices in ascending order at the row's offset (the counts of the
-// earlier chunks), plus the count and the length. grid = (chunks per row, batch * heads).
-// keep [batch * heads or batch (shared_mask), tokens], chunk_counts [batch * heads, chunks per row]
+// earlier chunks), plus the count and the length. grid = (chunks of the longest row, batch * heads): a row's
+// chunks past its sequence's end count nothing. keep [batch * heads or batch (shared_mask), pitch],
+// chunk_counts [batch * heads, chunks per row]
 template <int = 0>
 __global__ void __launch_bounds__(emit_threads)
-    emit_count_kernel(const std::uint8_t* __restrict__ keep, std::int32_t heads, std::int32_t tokens, bool shared_mask,
+    emit_count_kernel(const std::uint8_t* __restrict__ keep, __grid_constant__ const batch_params bp, bool shared_mask,
                       std::int32_t* chunk_counts) {
   using reduce_t = cub::BlockReduce<int, emit_threads>;
   __shared__ typename reduce_t::TempStorage tmp;
-  const std::int64_t row = blockIdx.y;
-  const std::uint8_t* m = keep + (shared_mask ? row / heads : row) * static_cast<std::int64_t>(tokens);
+  const std::int64_t row = blockIdx.y, heads = bp.heads;
+  const std::int64_t tokens = bp.of(row / heads).tokens;
+  const std::uint8_t* m = keep + (shared_mask ? row / heads : row) * static_cast<std::int64_t>(bp.pitch);
   const std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * emit_chunk + threadIdx.x * emit_items;
   int n = 0;
 #pragma unroll
@@ -101,12 +105,13 @@ __global__ void __launch_bounds__(emit_threads)
 
 template <int = 0>
 __global__ void __launch_bounds__(emit_threads)
-    emit_write_kernel(const std::uint8_t* __restrict__ keep, std::int32_t heads, std::int32_t tokens, bool shared_mask,
+    emit_write_kernel(const std::uint8_t* __restrict__ keep, __grid_constant__ const batch_params bp, bool shared_mask,
                       const std::int32_t* __restrict__ chunk_counts, keep_plan_view out) {
   using scan_t = cub::BlockScan<int, emit_threads>;
   __shared__ typename scan_t::TempStorage scan;
   __shared__ int offset;
-  const std::int64_t row = blockIdx.y;
+  const std::int64_t row = blockIdx.y, heads = bp.heads;
+  const std::int64_t tokens = bp.of(row / heads).tokens;
   const std::int32_t* cc = chunk_counts + row * gridDim.x;
   if (threadIdx.x == 0) {
     int before = 0;
@@ -117,7 +122,7 @@ __global__ void __launch_bounds__(emit_threads)
       if (row % heads == 0) out.lengths[row / heads] = tokens;
     }
   }
-  const std::uint8_t* m = keep + (shared_mask ? row / heads : row) * static_cast<std::int64_t>(tokens);
+  const std::uint8_t* m = keep + (shared_mask ? row / heads : row) * static_cast<std::int64_t>(bp.pitch);
   const std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * emit_chunk + threadIdx.x * emit_items;
   int flag[emit_items], pos[emit_items];
 #pragma unroll

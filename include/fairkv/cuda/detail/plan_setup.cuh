@@ -1,6 +1,6 @@
 // The CUDA planner's host side: the library's front end (detail/plan_front.hpp) turned into kernel parameters
-// (params.cuh, score_attention.cuh), plus the limits of this backend's fixed-capacity parameters and grids. Runs
-// once per planner::initialize; nothing here touches the device.
+// (params.cuh, score_attention.cuh), one table entry for the batch or one per sequence, plus the limits of this
+// backend's fixed-capacity parameters and grids. Runs once per planner::initialize; nothing here touches the device.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +17,7 @@
 #include "fairkv/keep_plan.hpp"
 #include "fairkv/layer_inputs.hpp"
 #include "fairkv/policy.hpp"
+#include "fairkv/request_batch.hpp"
 #include "fairkv/segments.hpp"
 #include "fairkv/status.hpp"
 
@@ -28,11 +29,12 @@ template <class T>
 inline constexpr bool is_dense_view_v<kv_view<const T>> = true;
 
 // What the CUDA backend cannot do that the CPU can: fixed capacities of plan_params, grid and index widths.
+// Per sequence (its length L and lists), and for the batch (grids).
 template <class S, class Sel, class A, class KeySource, class Q>
 [[nodiscard]] result check_cuda_limits(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
-                                       std::span<const segment> segments,
+                                       std::int64_t L, std::span<const segment> segments,
                                        std::span<const std::int32_t> whitelist) noexcept {
-  const std::int64_t batch = in.keys.batch, heads = in.keys.heads, L = in.keys.tokens;
+  const std::int64_t batch = in.keys.batch, heads = in.keys.heads;
   if constexpr (A::needs_own_allocation) {
     return result::error(status::not_supported,
                          "allocator '%s' needs the plain policy's per-segment counts; the CUDA backend does not "
@@ -79,8 +81,8 @@ template <class S, class Sel, class A, class KeySource, class Q>
 
 // Scoring regions and the query rows each needs, one per run (or one for the whole sequence): the front end's
 // geometry (detail/plan_front/attention_geometry.hpp). fair_paper: its two widened spans are the runs and
-// SnapKV's window is split between them; its H2O is one region over the whole sequence (a.paper and a.spans are
-// set by the caller).
+// SnapKV's window is split between them; its H2O is one region over the whole sequence (p.paper and p.spans are
+// set by build_groups).
 template <class S, class A, class KeySource, class Q>
 [[nodiscard]] result build_attention(const S& scorer, const layer_inputs<KeySource, Q>& in, const plan_params& p,
                                      attention_params& a) noexcept {
@@ -105,7 +107,7 @@ template <class S, class A, class KeySource, class Q>
     g.end = whole ? L : p.runs[r].end;
     std::int64_t window = fairkv::detail::region_window(scorer, g.end - g.begin);
     if constexpr (paper && S::source == score_source::window_attention) {
-      const auto windows = fairkv::detail::paper_window_split(scorer.window, a.spans.split, L);
+      const auto windows = fairkv::detail::paper_window_split(scorer.window, p.spans.split, L);
       window = r == 0 ? windows.earlier : windows.later;
     }
     const auto geo = fairkv::detail::attention_geometry<S>(g.begin, g.end, window, paper, a.column_sums);
@@ -134,14 +136,13 @@ template <class S, class A, class KeySource, class Q>
 // Groups and runs (and fair_paper's spans), and the split selection's slices per group. origin[i]: the caller's
 // index of the i-th segment in position order (the allocators' per-segment inputs follow the caller's order).
 template <class S, class A>
-void build_groups(std::span<const segment> segments, std::int64_t L, plan_params& p, attention_params& a,
-                  std::int32_t* origin) noexcept {
+void build_groups(std::span<const segment> segments, std::int64_t L, plan_params& p, std::int32_t* origin) noexcept {
   segment sorted[max_segments], widened[2];
   fairkv::detail::sort_segments(segments, sorted, origin);
   const std::span<const segment> in_order(sorted, segments.size());
   if constexpr (fairkv::detail::is_paper_allocator_v<A>) {
-    a.paper = true;
-    a.spans = fairkv::detail::paper_spans_of(in_order);
+    p.paper = true;
+    p.spans = fairkv::detail::paper_spans_of(in_order);
   }
   const fairkv::detail::grouping g = fairkv::detail::build_runs(
       fairkv::detail::grouping_segments<S, A>(in_order, L, widened), L, p.runs, p.sizes);
@@ -155,7 +156,7 @@ void build_groups(std::span<const segment> segments, std::int64_t L, plan_params
 template <class A>
 [[nodiscard]] result build_forced(const A& allocator, std::span<const segment> segments,
                                   std::span<const std::int32_t> whitelist, std::int64_t L, std::int64_t n_keep,
-                                  const keep_target& target, plan_params& p) noexcept {
+                                  std::int64_t seq, const keep_target& target, plan_params& p) noexcept {
   std::int32_t wl[max_whitelist];
   std::copy(whitelist.begin(), whitelist.end(), wl);
   std::sort(wl, wl + whitelist.size());
@@ -170,9 +171,8 @@ template <class A>
     ++p.n_forced;
     return true;
   };
-  // Every sequence of a kv_view has the same length, so the CPU would report sequence 0 first.
   return fairkv::detail::force_tokens({wl, whitelist.size()}, fairkv::detail::protection_of(allocator), segments, L,
-                                      n_keep, 0, target, n_forced, insert);
+                                      n_keep, seq, target, n_forced, insert);
 }
 
 // Budgets per (head, group), checked by the front end, and the forced tokens of each group.
@@ -193,32 +193,103 @@ template <class S, class A>
   return {};
 }
 
-// The front end's steps for the one sequence length of a kv_view, into kernel parameters. `with_budgets` also
-// forces tokens and builds the checked budgets (the run; the size query, like the CPU's, does not look at the
-// whitelist budget).
+// One sequence's lists, its length and its place in the batch.
+struct sequence_lists {
+  std::span<const segment> segments;
+  std::span<const std::int32_t> whitelist;
+  const keep_target* target;
+  std::int64_t tokens;
+  std::int64_t seq;  // the sequence the parameters are for (0 when they serve the whole batch)
+};
+
+// The front end's steps for one sequence (within this backend's limits), into its kernel parameters. `with_budgets` also forces tokens and
+// builds the checked budgets (the run; the size query, like the CPU's, does not look at the whitelist budget).
 template <class S, class Sel, class A, class KeySource, class Q>
-[[nodiscard]] result build_params(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
-                                  std::span<const segment> segments, std::span<const std::int32_t> whitelist,
-                                  const keep_target& target, bool with_budgets, plan_params& p,
-                                  attention_params& a) noexcept {
-  static_assert(is_dense_view_v<KeySource>,
-                "fairkv::cuda::plan: the keys must be a kv_view<const T> (contiguous or strided); paged keys are "
-                "not supported by the CUDA planner (compact() does support paged views)");
-  std::int64_t min_tokens = 0, max_tokens = 0;  // dense views: one length for the whole batch
-  FAIRKV_TRY(fairkv::detail::validate_plan_request(pol, in, segments, whitelist, target, min_tokens, max_tokens));
-  FAIRKV_TRY(check_cuda_limits(pol, in, segments, whitelist));
-  const std::int64_t heads = in.keys.heads, L = in.keys.tokens;
+[[nodiscard]] result build_sequence(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                                    const sequence_lists& l, bool with_budgets, plan_params& p,
+                                    attention_params& a) noexcept {
+  const std::int64_t heads = in.keys.heads, L = l.tokens;
+  p = plan_params{};
+  a = attention_params{};
   p.batch = static_cast<std::int32_t>(in.keys.batch);
   p.heads = static_cast<std::int32_t>(heads);
   p.tokens = static_cast<std::int32_t>(L);
   if constexpr (Sel::kind == selection_kind::head_adaptive) p.alpha = pol.selector.alpha_safeguard;
   std::int32_t origin[max_segments];
-  build_groups<S, A>(segments, L, p, a, origin);
+  build_groups<S, A>(l.segments, L, p, origin);
   if constexpr (is_attention_source(S::source)) FAIRKV_TRY((build_attention<S, A>(pol.scorer, in, p, a)));
   if (!with_budgets) return {};
-  const std::int64_t n_keep = target.n_keep(L);
-  FAIRKV_TRY(build_forced(pol.allocator, segments, whitelist, L, n_keep, target, p));
-  return build_budgets<S, A>(pol.allocator, heads, n_keep, {origin, segments.size()}, p);
+  const std::int64_t n_keep = l.target->n_keep(L);
+  FAIRKV_TRY(build_forced(pol.allocator, l.segments, l.whitelist, L, n_keep, l.seq, *l.target, p));
+  return build_budgets<S, A>(pol.allocator, heads, n_keep, {origin, l.segments.size()}, p);
+}
+
+// The request's checks, in the CPU oracle's order and words (cpu/plan.hpp): one list for the batch, or each
+// sequence's own (`requests`, errors naming the sequence). min_tokens / max_tokens: the batch's lengths.
+template <class S, class Sel, class A, class KeySource, class Q>
+[[nodiscard]] result validate_request(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                                      std::span<const segment> segments, std::span<const std::int32_t> whitelist,
+                                      const keep_target& target, const request_batch* requests,
+                                      std::int64_t& min_tokens, std::int64_t& max_tokens) noexcept {
+  static_assert(is_dense_view_v<KeySource>,
+                "fairkv::cuda::plan: the keys must be a kv_view<const T> (contiguous or strided); paged keys are "
+                "not supported by the CUDA planner (compact() does support paged views)");
+  if (requests == nullptr)
+    return fairkv::detail::validate_plan_request(pol, in, segments, whitelist, target, min_tokens, max_tokens);
+  if (!segments.empty() || !whitelist.empty())
+    return result::error(status::invalid_argument,
+                         "segments and whitelist are given twice: in the request batch and for the whole batch");
+  if (requests->targets.empty())
+    return result::error(status::invalid_argument, "requests.targets is empty: give one, or one per sequence");
+  FAIRKV_TRY(fairkv::detail::validate_lengths<S>(in, min_tokens, max_tokens));
+  FAIRKV_TRY(validate(*requests, in.keys.batch));
+  FAIRKV_TRY((fairkv::detail::validate_score_source<S, A>()));
+  for (std::int64_t b = 0; b < in.keys.batch; ++b) {
+    result r = fairkv::detail::validate_target(requests->target_of(b));
+    if (r.ok())
+      r = fairkv::detail::validate_lists<A>(requests->segments_of(b), requests->whitelist_of(b), in.keys.tokens_of(b));
+    if (!r.ok()) return result::error(r.code(), "sequence %lld: %s", static_cast<long long>(b), r.message());
+  }
+  return fairkv::detail::validate_policy_inputs(pol, in, min_tokens, max_tokens);
+}
+
+// Validates the request and builds every sequence's parameters: `f(index, p, a)` receives each table entry (one
+// for the whole batch, or one per sequence) as it is built; `bp` gets the batch's shape (its table pointers are
+// left to the caller).
+template <class S, class Sel, class A, class KeySource, class Q, class Each>
+[[nodiscard]] result build_params(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
+                                  std::span<const segment> segments, std::span<const std::int32_t> whitelist,
+                                  const keep_target& target, const request_batch* requests, bool with_budgets,
+                                  batch_params& bp, Each&& each) noexcept {
+  std::int64_t min_tokens = 0, max_tokens = 0;
+  FAIRKV_TRY(validate_request(pol, in, segments, whitelist, target, requests, min_tokens, max_tokens));
+  bp = batch_params{};
+  bp.batch = static_cast<std::int32_t>(in.keys.batch);
+  bp.heads = static_cast<std::int32_t>(in.keys.heads);
+  bp.pitch = static_cast<std::int32_t>(max_tokens);
+  bp.per_sequence = requests != nullptr || min_tokens != max_tokens;
+  const std::int64_t tables = bp.per_sequence ? in.keys.batch : 1;
+  plan_params p;
+  attention_params a;
+  for (std::int64_t b = 0; b < tables; ++b) {
+    const sequence_lists l = requests != nullptr
+                                 ? sequence_lists{requests->segments_of(b), requests->whitelist_of(b),
+                                                  &requests->target_of(b), in.keys.tokens_of(b), b}
+                                 : sequence_lists{segments, whitelist, &target, in.keys.tokens_of(b), b};
+    // This backend's limits name the sequence; the front end's own errors are the CPU's, word for word.
+    const result limits = check_cuda_limits(pol, in, l.tokens, l.segments, l.whitelist);
+    if (!limits.ok() && requests != nullptr)
+      return result::error(limits.code(), "sequence %lld: %s", static_cast<long long>(b), limits.message());
+    FAIRKV_TRY(limits);
+    FAIRKV_TRY(build_sequence(pol, in, l, with_budgets, p, a));
+    bp.groups = std::max(bp.groups, p.groups);
+    bp.slices = std::max(bp.slices, p.slice_begin[p.groups]);
+    bp.stats_rows = std::max(bp.stats_rows, a.total_rows);
+    bp.regions = std::max(bp.regions, a.n_regions);
+    bp.q_heads = a.q_heads;
+    FAIRKV_TRY(each(b, p, a));
+  }
+  return {};
 }
 
 }  // namespace fairkv::cuda::detail

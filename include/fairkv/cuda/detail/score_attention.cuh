@@ -30,33 +30,9 @@
 
 namespace fairkv::cuda::detail {
 
-struct attention_region {
-  std::int32_t begin, end;  // [begin, end) tokens of the region
-  std::int32_t scored;      // keys [begin, begin + scored) get an attention score; the rest are padded
-  std::int32_t row_begin;   // first query position the region needs
-  std::int32_t rows;        // query positions [row_begin, row_begin + rows)
-  std::int32_t row_offset;  // offset of the region's rows in the stats buffer
-};
-
-struct attention_params {
-  std::int32_t n_regions = 0;
-  std::int32_t total_rows = 0;
-  std::int32_t q_heads = 0;
-  std::int32_t group = 0;      // q_heads / kv heads
-  std::int32_t window = 0;     // SnapKV's effective window of each region is region.rows
-  std::int32_t kernel = 1;
-  float scale = 1.f;
-  bool from_queries = false;   // else the engine's attention rows (or column sums for H2O)
-  bool column_sums = false;    // H2O from column sums: inputs.attention_column_sums, or
-  bool local_sums = false;     // inputs.attention_local_column_sums when the regions are segment-local
-  bool paper = false;          // fair_paper: the paper's statistics (above); the regions are its widened spans
-  fairkv::detail::paper_spans spans{};  // fair_paper: the original spans (H2O's cut, StreamingLLM's ramps)
-  attention_region regions[max_runs];
-};
-
 // fair_paper's H2O: is key t in the earlier original span, whose votes from the later original span are dropped?
-[[nodiscard]] __device__ inline bool paper_cut_key(const attention_params& a, std::int64_t t) {
-  return a.paper && t >= a.spans.earlier_begin && t < a.spans.split;
+[[nodiscard]] __device__ inline bool paper_cut_key(const plan_params& p, std::int64_t t) {
+  return p.paper && t >= p.spans.earlier_begin && t < p.spans.split;
 }
 
 // The regions tile [0, tokens) by their begins and the stats buffer by their row offsets, both ascending.
@@ -83,19 +59,21 @@ struct row_stat {
   float max, inv;  // softmax max (queries) and 1 / sum
 };
 
-// grid = (total_rows, q_heads, batch). stats [batch, q_heads, total_rows]
-template <class T, class Q>
+// grid = (bp.stats_rows, q_heads, batch). stats [batch, q_heads, bp.stats_rows]
+template <class Keys, class Q>
 __global__ void __launch_bounds__(attention_threads)
-    attention_stats_kernel(__grid_constant__ const attention_params a, layer_inputs<kv_view<const T>, Q> in, row_stat* stats) {
+    attention_stats_kernel(__grid_constant__ const batch_params bp, layer_inputs<Keys, Q> in, row_stat* stats) {
   using reduce_t = cub::BlockReduce<float, attention_threads>;
   __shared__ typename reduce_t::TempStorage tmp;
   __shared__ float shared_max;
   const std::int32_t r = blockIdx.x, qh = blockIdx.y, b = blockIdx.z;
+  const attention_params& a = bp.attention_of(b);
+  if (r >= a.total_rows) return;  // the whole block: this sequence needs fewer rows
   const attention_region& reg = region_of_row(a, r);
   const std::int64_t p = reg.row_begin + (r - reg.row_offset);
-  const std::int64_t L = in.keys.tokens;
+  const std::int64_t L = bp.of(b).tokens;
   const std::int64_t kvh = qh / a.group;
-  const std::int64_t k0 = a.paper ? 0 : reg.begin;  // the softmax's first key
+  const std::int64_t k0 = bp.of(b).paper ? 0 : reg.begin;  // the softmax's first key
   row_stat st{0.f, 1.f};
   if (a.from_queries) {
     const std::int64_t qi = p - (L - in.queries.tokens);
@@ -114,42 +92,44 @@ __global__ void __launch_bounds__(attention_threads)
     const float sum = reduce_t(tmp).Sum(s);
     st = {mx, 1.f / sum};
   } else {
-    const std::int64_t ld = in.attention_ld != 0 ? in.attention_ld : L;
+    const std::int64_t ld = in.attention_ld != 0 ? in.attention_ld : bp.pitch;
     const float* row = in.attention + ((b * a.q_heads + qh) * in.attention_rows + (p - (L - in.attention_rows))) * ld;
     float s = 0.f;
     for (std::int64_t t = k0 + threadIdx.x; t <= p; t += attention_threads) s += row[t];
     const float sum = reduce_t(tmp).Sum(s);
     st = {0.f, k0 == 0 ? 1.f : 1.f / sum};  // the full row is already normalised
   }
-  if (threadIdx.x == 0) stats[(static_cast<std::int64_t>(b) * a.q_heads + qh) * a.total_rows + r] = st;
+  if (threadIdx.x == 0) stats[(static_cast<std::int64_t>(b) * a.q_heads + qh) * bp.stats_rows + r] = st;
 }
 
-// grid = (ceil(tokens / threads), q_heads, batch). acc [batch, q_heads, tokens]
-template <score_source Source, class T, class Q>
+// grid = (ceil(pitch / threads), q_heads, batch). acc [batch, q_heads, pitch]
+template <score_source Source, class Keys, class Q>
 __global__ void __launch_bounds__(attention_threads)
-    attention_accumulate_kernel(__grid_constant__ const attention_params a, layer_inputs<kv_view<const T>, Q> in,
-                                const row_stat* stats, float* acc) {
-  const std::int64_t L = in.keys.tokens;
+    attention_accumulate_kernel(__grid_constant__ const batch_params bp, layer_inputs<Keys, Q> in, const row_stat* stats, float* acc) {
+  using T = typename Keys::value_type;
   const std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * attention_threads + threadIdx.x;
   const std::int32_t qh = blockIdx.y, b = blockIdx.z;
+  const plan_params& pp = bp.of(b);
+  const attention_params& a = bp.attention_of(b);
+  const std::int64_t L = pp.tokens;
   if (t >= L) return;
   const attention_region& reg = region_of_token(a, static_cast<std::int32_t>(t));
   float sum = 0.f;
   if (t - reg.begin < reg.scored) {
     if (a.column_sums) {
-      const std::int64_t ldc = in.attention_ld != 0 ? in.attention_ld : L;
+      const std::int64_t ldc = in.attention_ld != 0 ? in.attention_ld : bp.pitch;
       const float* sums = a.local_sums ? in.attention_local_column_sums : in.attention_column_sums;
       sum = sums[(static_cast<std::int64_t>(b) * a.q_heads + qh) * ldc + t];
     } else {
       const std::int64_t kvh = qh / a.group;
       const T* k = in.keys.row(b, kvh, t);
-      const row_stat* st = stats + (static_cast<std::int64_t>(b) * a.q_heads + qh) * a.total_rows + reg.row_offset;
-      const std::int64_t ld = in.attention_ld != 0 ? in.attention_ld : L;
-      const bool cut = Source == score_source::observed_attention && paper_cut_key(a, t);
+      const row_stat* st = stats + (static_cast<std::int64_t>(b) * a.q_heads + qh) * bp.stats_rows + reg.row_offset;
+      const std::int64_t ld = in.attention_ld != 0 ? in.attention_ld : bp.pitch;
+      const bool cut = Source == score_source::observed_attention && paper_cut_key(pp, t);
       for (std::int32_t i = 0; i < reg.rows; ++i) {
         const std::int64_t p = reg.row_begin + i;
         if (p < t) continue;  // causal: only queries at or after the key see it (H2O's rows start at the region)
-        if (cut && p >= a.spans.split && p < a.spans.later_end) continue;  // fair_paper: a later-span query
+        if (cut && p >= pp.spans.split && p < pp.spans.later_end) continue;  // fair_paper: a later-span query
         float prob;
         if (a.from_queries) {
           const float l = scaled_dot(in.queries, b, qh, p - (L - in.queries.tokens), k, in.keys.stride_dim,
@@ -163,18 +143,21 @@ __global__ void __launch_bounds__(attention_threads)
       }
     }
   }
-  acc[(static_cast<std::int64_t>(b) * a.q_heads + qh) * L + t] = sum;
+  acc[(static_cast<std::int64_t>(b) * a.q_heads + qh) * bp.pitch + t] = sum;
 }
 
-// scores [batch * heads, tokens] for the scored tokens of every region. acc [batch, q_heads, tokens]
+// scores [batch * heads, pitch] for the scored tokens of every region. acc [batch, q_heads, pitch]
 template <score_source Source>
-__global__ void attention_finalize_kernel(__grid_constant__ const attention_params a, std::int32_t batch, std::int32_t heads,
-                                          std::int32_t tokens, const float* acc, float* scores) {
-  const std::int64_t total = static_cast<std::int64_t>(batch) * heads * tokens;
+__global__ void attention_finalize_kernel(__grid_constant__ const batch_params bp, const float* acc, float* scores) {
+  const std::int64_t tokens = bp.pitch, heads = bp.heads;
+  const std::int64_t total = static_cast<std::int64_t>(bp.batch) * heads * tokens;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t row = i / tokens, b = row / heads, h = row % heads;
     const std::int32_t t = static_cast<std::int32_t>(i % tokens);
+    const plan_params& pp = bp.of(b);
+    if (t >= pp.tokens) continue;
+    const attention_params& a = bp.attention_of(b);
     const attention_region& reg = region_of_token(a, t);
     const std::int32_t lt = t - reg.begin;  // position inside the region
     if (lt >= reg.scored) {
@@ -203,7 +186,7 @@ __global__ void attention_finalize_kernel(__grid_constant__ const attention_para
       s /= static_cast<float>(a.q_heads);
     } else {
       // Queries that see t: up to the region's end, or up to the split for fair_paper's cut keys.
-      const std::int64_t seen = paper_cut_key(a, t) ? a.spans.split - t : reg.end - t;
+      const std::int64_t seen = paper_cut_key(pp, t) ? pp.spans.split - t : reg.end - t;
       for (std::int32_t g = 0; g < a.group; ++g)
         s += ab[static_cast<std::int64_t>(h * a.group + g) * tokens + t] / static_cast<float>(seen);
       s /= static_cast<float>(a.group);
@@ -216,16 +199,18 @@ __global__ void attention_finalize_kernel(__grid_constant__ const attention_para
 // tokens of every head, NaN ignored; 1 when nothing is scored; window token j raised by j ulps so ties keep the
 // most recent (as cpu/score.hpp). fair_paper: one block per (region, batch, head), the pad is that head's maximum
 // as std::max_element finds it in cpu/score_paper.hpp (NaN only when the first scored token is NaN), 1 when
-// nothing is scored. grid = (regions, batch, paper ? heads : 1). scores [batch * heads, tokens]
+// nothing is scored. grid = (bp.regions, batch, paper ? heads : 1). scores [batch * heads, pitch]
 template <int = 0>
-__global__ void __launch_bounds__(attention_threads)
-    attention_pad_kernel(__grid_constant__ const attention_params a, std::int32_t heads, std::int32_t tokens, float* scores) {
+__global__ void __launch_bounds__(attention_threads) attention_pad_kernel(__grid_constant__ const batch_params bp, float* scores) {
   using reduce_t = cub::BlockReduce<float, attention_threads>;
   __shared__ typename reduce_t::TempStorage tmp;
   __shared__ float pad;
+  const std::int64_t b = blockIdx.y, heads = bp.heads, tokens = bp.pitch;
+  const attention_params& a = bp.attention_of(b);
+  if (static_cast<std::int32_t>(blockIdx.x) >= a.n_regions) return;  // the whole block
   const attention_region& reg = a.regions[blockIdx.x];
-  const std::int64_t b = blockIdx.y;
-  const std::int64_t h0 = a.paper ? blockIdx.z : 0, nh = a.paper ? 1 : heads;  // the heads this block pads
+  const bool paper = bp.of(b).paper;
+  const std::int64_t h0 = paper ? blockIdx.z : 0, nh = paper ? 1 : heads;  // the heads this block pads
   float* first = scores + (b * heads + h0) * tokens + reg.begin;                // first scored token of head h0
   const std::int64_t n = nh * reg.scored;
   float m = -INFINITY;
@@ -238,7 +223,7 @@ __global__ void __launch_bounds__(attention_threads)
     if (reg.scored == 0)
       pad = 1.f;
     else
-      pad = !a.paper ? bm + 1.f : isnan(first[0]) ? first[0] : bm;
+      pad = !paper ? bm + 1.f : isnan(first[0]) ? first[0] : bm;
   }
   __syncthreads();
   const std::int64_t w = reg.end - reg.begin - reg.scored;

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "fairkv/cuda/detail/launch.cuh"
+#include "fairkv/cuda/detail/params.cuh"
 #include "fairkv/cuda/detail/tuning.cuh"
 #include "fairkv/detail/paper_spans.hpp"
 #include "fairkv/scorer.hpp"
@@ -16,41 +17,38 @@
 
 namespace fairkv::cuda::detail {
 
-// scores [batch * heads, tokens]
-template <class S>
-__global__ void score_position_kernel(S scorer, std::int32_t batch, std::int32_t heads, std::int32_t tokens,
-                                      float* scores) {
-  const std::int64_t total = static_cast<std::int64_t>(batch) * heads * tokens;
+// The scorers that read only the position. Paper: fair_paper's StreamingLLM (detail/paper_spans.hpp), the ramps
+// 0.1 .. 0.9 of [sinks, split) and [split, L) and the sinks 1, in the CPU oracle's float expression.
+// scores [batch * heads, pitch]
+template <class S, bool Paper>
+__global__ void score_position_kernel(S scorer, __grid_constant__ const batch_params bp, float* scores) {
+  const std::int64_t total = static_cast<std::int64_t>(bp.batch) * bp.heads * bp.pitch;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t row = i / tokens, t = i % tokens;
-    scores[i] = scorer(token_info{t, tokens, row % heads, row / heads});
+    const std::int64_t row = i / bp.pitch, t = i % bp.pitch, b = row / bp.heads;
+    const plan_params& p = bp.of(b);
+    if (t >= p.tokens) continue;
+    if constexpr (Paper) {
+      const std::int64_t sinks = scorer.n_sink < p.tokens ? scorer.n_sink : p.tokens;
+      scores[i] = fairkv::detail::paper_streaming_score(t, p.tokens, p.spans.split, sinks);
+    } else {
+      scores[i] = scorer(token_info{t, p.tokens, row % bp.heads, b});
+    }
   }
 }
 
 // The caller's scores (scorers::external) gathered from their strided view into the planner's dense rows, as they
 // are: the CPU oracle copies the same floats, so the plans are bit-identical.
-// scores [batch * heads, tokens]. A template for the reason plan_kernels.cuh gives (one definition per program).
+// scores [batch * heads, pitch]. A template for the reason plan_kernels.cuh gives (one definition per program).
 template <int = 0>
-__global__ void score_external_kernel(score_view in, std::int32_t batch, std::int32_t heads, std::int32_t tokens,
-                                             float* scores) {
-  const std::int64_t total = static_cast<std::int64_t>(batch) * heads * tokens;
+__global__ void score_external_kernel(score_view in, __grid_constant__ const batch_params bp, float* scores) {
+  const std::int64_t total = static_cast<std::int64_t>(bp.batch) * bp.heads * bp.pitch;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t row = i / tokens, t = i % tokens;
-    scores[i] = in.at(row / heads, row % heads, t);
+    const std::int64_t row = i / bp.pitch, t = i % bp.pitch, b = row / bp.heads;
+    if (t < bp.of(b).tokens) scores[i] = in.at(b, row % bp.heads, t);
   }
 }
-
-// fair_paper's StreamingLLM (detail/paper_spans.hpp) as a position scorer for score_position_kernel: the
-// ramps 0.1 .. 0.9 of [sinks, split) and [split, L), the sinks 1, the CPU oracle's float expression.
-struct paper_streaming_position {
-  std::int64_t split = 0;
-  std::int64_t sinks = 0;  // min(n_sink, L)
-  [[nodiscard]] FAIRKV_HOST_DEVICE float operator()(const token_info& where) const noexcept {
-    return fairkv::detail::paper_streaming_score(where.index, where.tokens, split, sinks);
-  }
-};
 
 // Word pitch of one staged key row: one spare 32-bit word so that thread i reading row i hits bank i.
 [[nodiscard]] inline constexpr int staged_row_words(std::int64_t head_dim, std::int64_t elem_bytes) noexcept {
@@ -65,16 +63,19 @@ struct paper_streaming_position {
 
 // One block scores `rows_per_block` consecutive tokens of one (batch, head): the rows are staged in shared
 // memory with coalesced loads (16-byte vectors when `Vec` is true), then each thread calls the scorer on its
-// staged row as a contiguous key_row. grid = (ceil(tokens / rows), batch * heads).
-// scores [batch * heads, tokens]
-template <class S, class T, bool Vec>
+// staged row as a contiguous key_row. Keys: a kv_view or a paged_side (read through its page table).
+// grid = (ceil(pitch / rows), batch * heads). scores [batch * heads, pitch]
+template <class S, class Keys, bool Vec>
 __global__ void __launch_bounds__(key_score_threads)
-    score_keys_kernel(S scorer, kv_view<const T> keys, std::int32_t rows_per_block, float* scores) {
+    score_keys_kernel(S scorer, Keys keys, __grid_constant__ const batch_params bp, std::int32_t rows_per_block, float* scores) {
+  using T = typename Keys::value_type;
   std::uint32_t* staged = dynamic_shared<std::uint32_t>();  // [rows_per_block, pitch] 32-bit words
   const std::int64_t row = blockIdx.y;
   const std::int64_t b = row / keys.heads, h = row % keys.heads;
+  const std::int64_t L = bp.of(b).tokens;
   const std::int64_t t0 = static_cast<std::int64_t>(blockIdx.x) * rows_per_block;
-  const std::int64_t n = (keys.tokens - t0) < rows_per_block ? keys.tokens - t0 : rows_per_block;
+  if (t0 >= L) return;  // the whole block: past this sequence's end
+  const std::int64_t n = (L - t0) < rows_per_block ? L - t0 : rows_per_block;
   const int pitch = staged_row_words(keys.head_dim, sizeof(T));
   if constexpr (Vec) {
     // Row bytes are a multiple of 16 and every row is 16-byte aligned (checked by the host).
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(key_score_threads)
   if (threadIdx.x < n) {
     const std::int64_t t = t0 + threadIdx.x;
     const key_row<T, true> k{reinterpret_cast<const T*>(staged + threadIdx.x * pitch), keys.head_dim, 1};
-    scores[row * keys.tokens + t] = scorer(k, token_info{t, keys.tokens, h, b});
+    scores[row * bp.pitch + t] = scorer(k, token_info{t, L, h, b});
   }
 }
 

@@ -64,25 +64,32 @@ __device__ void for_slice_tiles(const plan_params& p, std::int32_t g, std::int32
   }
 }
 
+// Problem = selection row x bp.groups + group; a sequence with fewer groups leaves its last problems idle.
 template <selection_kind Kind>
 struct split_problem {
   std::int32_t row, g, h;  // score/keep row, group, head whose budget applies
-  __device__ split_problem(const plan_params& p, std::int32_t problem)
-      : row(problem / p.groups), g(problem % p.groups), h(Kind == selection_kind::per_head ? row % p.heads : 0) {}
-  [[nodiscard]] __device__ std::int64_t k(const plan_params& p) const {
+  const plan_params& p;    // the row's sequence
+  __device__ split_problem(const batch_params& bp, std::int32_t problem)
+      : row(problem / bp.groups),
+        g(problem % bp.groups),
+        h(Kind == selection_kind::per_head ? row % bp.heads : 0),
+        p(bp.of(Kind == selection_kind::per_head ? row / bp.heads : row)) {}
+  [[nodiscard]] __device__ std::int64_t k() const {
     return static_cast<std::int64_t>(p.budgets[h * p.groups + g]) - p.forced_per_group[g];
   }
 };
 
-// grid = (max slices of a group, problems). slice_hist [rows, total slices, 256]
+// grid = (max slices of a group, problems). slice_hist [rows, bp.slices, 256]
 template <selection_kind Kind>
 __global__ void __launch_bounds__(split_threads)
-    split_hist_kernel(__grid_constant__ const plan_params p, const float* __restrict__ scores, split_state* states,
-                      unsigned* slice_hist, int pass) {
+    split_hist_kernel(__grid_constant__ const batch_params bp, const float* __restrict__ scores, split_state* states, unsigned* slice_hist,
+                      int pass) {
   __shared__ unsigned hist[256];
   __shared__ bool last;
   __shared__ select_smem walk;  // only hist/digit/before/bin_count/total are used here
-  const split_problem<Kind> pr(p, static_cast<std::int32_t>(blockIdx.y));
+  const split_problem<Kind> pr(bp, static_cast<std::int32_t>(blockIdx.y));
+  const plan_params& p = pr.p;
+  if (pr.g >= p.groups) return;
   const std::int32_t s = blockIdx.x, size = p.sizes[pr.g];
   if (s >= slices_of(size)) return;
   split_state& st = states[blockIdx.y];
@@ -92,7 +99,7 @@ __global__ void __launch_bounds__(split_threads)
   const int shift = 24 - 8 * pass;
   const unsigned high_mask = pass == 0 ? 0u : ~((1u << (shift + 8)) - 1u);
   const unsigned prefix = *static_cast<volatile unsigned*>(&st.prefix);
-  const float* sc = scores + static_cast<std::int64_t>(pr.row) * p.tokens;
+  const float* sc = scores + static_cast<std::int64_t>(pr.row) * bp.pitch;
   const std::int32_t e0 = s * split_slice, e1 = e0 + split_slice < size ? e0 + split_slice : size;
   for_slice_tiles(p, pr.g, e0, e1, [&](std::int32_t t, bool valid) {
     unsigned bin = 0xFFFFFFFFu;
@@ -105,7 +112,7 @@ __global__ void __launch_bounds__(split_threads)
       atomicAdd(&hist[bin], static_cast<unsigned>(__popc(same)));
   });
   __syncthreads();
-  unsigned* mine = slice_hist + (static_cast<std::int64_t>(pr.row) * p.slice_begin[p.groups] + p.slice_begin[pr.g] + s) * 256;
+  unsigned* mine = slice_hist + (static_cast<std::int64_t>(pr.row) * bp.slices + p.slice_begin[pr.g] + s) * 256;
   for (int i = threadIdx.x; i < 256; i += split_threads) {
     if (hist[i] != 0) atomicAdd(&st.hist[i], hist[i]);
     if (pass == 3) mine[i] = hist[i];
@@ -130,7 +137,7 @@ __global__ void __launch_bounds__(split_threads)
       walk_histogram(walk, 0u, true);
       __syncwarp();
       const unsigned n = walk.total;
-      const std::int64_t k = pr.k(p);
+      const std::int64_t k = pr.k();
       if (k <= 0) mode = split_keep_none;
       else if (k >= static_cast<std::int64_t>(n)) mode = split_keep_all;
       top = k <= static_cast<std::int64_t>(n) - k;
@@ -156,11 +163,13 @@ __global__ void __launch_bounds__(split_threads)
 // grid = (max slices of a group, problems). keep [rows, tokens]: 1 for whitelisted or selected tokens, else 0.
 template <selection_kind Kind>
 __global__ void __launch_bounds__(split_threads)
-    split_mark_kernel(__grid_constant__ const plan_params p, const float* __restrict__ scores, const split_state* states,
+    split_mark_kernel(__grid_constant__ const batch_params bp, const float* __restrict__ scores, const split_state* states,
                       const unsigned* slice_hist, std::uint8_t* keep) {
   using scan_t = cub::BlockScan<int, split_threads>;
   __shared__ typename scan_t::TempStorage scan;
-  const split_problem<Kind> pr(p, static_cast<std::int32_t>(blockIdx.y));
+  const split_problem<Kind> pr(bp, static_cast<std::int32_t>(blockIdx.y));
+  const plan_params& p = pr.p;
+  if (pr.g >= p.groups) return;
   const std::int32_t s = blockIdx.x, size = p.sizes[pr.g];
   if (s >= slices_of(size)) return;
   const split_state& st = states[blockIdx.y];
@@ -171,11 +180,11 @@ __global__ void __launch_bounds__(split_threads)
   // Ties in the earlier slices of this problem (their last-pass histograms count exactly the bits == T).
   std::int64_t carry = 0;
   if (mode == split_radix) {
-    const unsigned* h0 = slice_hist + (static_cast<std::int64_t>(pr.row) * p.slice_begin[p.groups] + p.slice_begin[pr.g]) * 256;
+    const unsigned* h0 = slice_hist + (static_cast<std::int64_t>(pr.row) * bp.slices + p.slice_begin[pr.g]) * 256;
     for (std::int32_t q = 0; q < s; ++q) carry += h0[q * 256 + (T & 255u)];
   }
-  const float* sc = scores + static_cast<std::int64_t>(pr.row) * p.tokens;
-  std::uint8_t* kp = keep + static_cast<std::int64_t>(pr.row) * p.tokens;
+  const float* sc = scores + static_cast<std::int64_t>(pr.row) * bp.pitch;
+  std::uint8_t* kp = keep + static_cast<std::int64_t>(pr.row) * bp.pitch;
   const std::int32_t e0 = s * split_slice, e1 = e0 + split_slice < size ? e0 + split_slice : size;
   for_slice_tiles(p, pr.g, e0, e1, [&](std::int32_t t, bool valid) {
     const bool forced = valid && is_forced(p, t);
