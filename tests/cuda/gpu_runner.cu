@@ -223,6 +223,41 @@ result gpu_plan_requests(const host_case& c, fairkv::keep_plan& out, bool handle
   return d.plan.download(c, out);
 }
 
+result gpu_plan_paged(const host_case& c, const paged_case& pages, const std::vector<std::int32_t>& lengths,
+                      std::int64_t window, fairkv::keep_plan& out, result& verdict) {
+  device_case d;
+  device_buffer dk, dv, indptr, indices, last, temp;
+  FAIRKV_TRY(d.upload(c));
+  FAIRKV_TRY(dk.upload(pages.k_pool));
+  FAIRKV_TRY(dv.upload(pages.v_pool));
+  FAIRKV_TRY(indptr.upload(pages.indptr));
+  FAIRKV_TRY(indices.upload(pages.indices));
+  FAIRKV_TRY(last.upload(pages.last_page_len));
+  const fairkv::keep_plan_view view = d.plan.view(c.batch, c.heads, c.tokens);
+  const fairkv::request_batch requests = c.requests();
+  const result r = with_target(c, [&](auto target) { return with_policy(c, [&](const auto& pol, auto tag) -> result {
+    using T = decltype(tag);
+    const auto pv = make_paged(pages, dk.get<const T>(), dv.get<const T>(), indptr.get<const std::int32_t>(),
+                               indices.get<const std::int32_t>(), last.get<const std::int32_t>());
+    const auto in = make_paged_inputs<T>(c, pv.keys(), window, d.queries.get<const float>(),
+                                         d.attention.get<const float>(), d.sums.get<const float>(),
+                                         d.scores.get<const float>(), d.local_sums.get<const float>());
+    fairkv::cuda::plan_arguments<std::decay_t<decltype(pol)>, std::decay_t<decltype(in)>> args{
+        pol, in, c.segments, c.whitelist, target, view};
+    if (!c.targets.empty()) args = {pol, in, {}, {}, {}, view, &requests};
+    args.lengths = lengths;
+    std::size_t bytes = 0;
+    FAIRKV_TRY(fairkv::cuda::plan(nullptr, bytes, args));
+    FAIRKV_TRY(temp.allocate(bytes));
+    FAIRKV_TRY(fairkv::cuda::plan(temp.get(), bytes, args));
+    verdict = fairkv::cuda::read_plan_status(temp.get());
+    return {};
+  }); });
+  FAIRKV_TRY(r);
+  FAIRKV_TRY(fairkv::cuda::from_cuda(cudaDeviceSynchronize()));
+  return d.plan.download(c, out);
+}
+
 result gpu_score(const host_case& c, std::vector<float>& scores) {
   device_case d;
   device_buffer temp, out;

@@ -34,6 +34,13 @@ struct device_info {
 [[nodiscard]] fairkv::result gpu_plan_requests(const host_case& c, fairkv::keep_plan& out, bool handle = false);
 // cuda::can_implement with the case's per-request lists (host only).
 [[nodiscard]] fairkv::result gpu_can_implement_requests(const host_case& c);
+// cuda::plan over paged keys: the case's policy, lists (one, or per request) and scorer inputs, the keys read
+// through `pages`' pools and tables (its K pool holds the keys). `lengths` is the host copy handed to the planner
+// (normally each sequence's length in the table), `window` the query / attention rows given. `verdict`:
+// read_plan_status afterwards.
+[[nodiscard]] fairkv::result gpu_plan_paged(const host_case& c, const paged_case& pages,
+                                            const std::vector<std::int32_t>& lengths, std::int64_t window,
+                                            fairkv::keep_plan& out, fairkv::result& verdict);
 // cuda::planner as a handle: initialize() once, then run() twice on one stream (the output is overwritten with
 // garbage in between), each plan downloaded.
 [[nodiscard]] fairkv::result gpu_plan_handle(const host_case& c, fairkv::keep_plan& first, fairkv::keep_plan& second);

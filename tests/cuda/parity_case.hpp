@@ -258,4 +258,27 @@ template <class T>
   return in;
 }
 
+// The case's inputs over paged keys of sequences up to c.tokens long (the longest): the same buffers, read as a
+// ragged batch reads them. The window's queries and the attention rows are the first `window` of each (head,
+// sequence) stored (window at most the shortest sequence), and the attention's leading dimension is c.tokens.
+template <class T>
+[[nodiscard]] fairkv::layer_inputs<fairkv::paged_side<const T>> make_paged_inputs(
+    const host_case& c, const fairkv::paged_side<const T>& keys, std::int64_t window, const float* queries,
+    const float* attention, const float* column_sums, const float* scores, const float* local_column_sums) {
+  const auto dense = make_inputs<T>(c, static_cast<const T*>(nullptr), queries, attention, column_sums, scores,
+                                    local_column_sums);
+  fairkv::layer_inputs<fairkv::paged_side<const T>> in{keys};
+  in.queries = dense.queries;
+  if (in.queries.data != nullptr) in.queries.tokens = window;
+  in.attention = dense.attention;
+  in.attention_rows = dense.attention != nullptr ? window : 0;
+  in.attention_ld = c.tokens;
+  in.attention_column_sums = dense.attention_column_sums;
+  in.attention_local_column_sums = dense.attention_local_column_sums;
+  in.attention_q_heads = dense.attention_q_heads;
+  in.scale = dense.scale;
+  in.scores = dense.scores;
+  return in;
+}
+
 }  // namespace fairkv_test

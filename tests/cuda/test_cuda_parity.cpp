@@ -235,8 +235,7 @@ void use_token_budget(std::mt19937& rng, host_case& c) {
 // above the sequence), as a batch of requests with different system prompts would. Boundary tokens are dropped
 // where some sequence's budget cannot hold them with its whitelist; the column sums renormalised to the regions
 // of one list cannot serve several, so those cases read the attention rows instead.
-void use_requests(std::mt19937& rng, host_case& c) {
-  const std::int64_t L = c.tokens;
+void use_requests(std::mt19937& rng, host_case& c, const std::vector<std::int32_t>& lengths = {}) {
   const bool shared_target = rng() % 4 == 0;
   c.segments.clear();
   c.whitelist.clear();
@@ -244,6 +243,7 @@ void use_requests(std::mt19937& rng, host_case& c) {
   c.wl_indptr = {0};
   c.targets.clear();
   for (std::int64_t b = 0; b < c.batch; ++b) {
+    const std::int64_t L = lengths.empty() ? c.tokens : lengths[static_cast<std::size_t>(b)];
     const double ratios[] = {0.0, 0.1, 0.5, 0.75, 0.9};
     const fairkv::keep_target t =
         rng() % 3 == 0 ? fairkv::keep_target::of_tokens(1 + static_cast<std::int64_t>(rng() % static_cast<unsigned>(L + 2)))
@@ -268,6 +268,63 @@ void use_requests(std::mt19937& rng, host_case& c) {
   }
   c.name += " requests: targets " + std::to_string(c.targets.size()) + ", segments " +
             std::to_string(c.segments.size()) + ", whitelist " + std::to_string(c.whitelist.size());
+}
+
+// A ragged paged batch holding a dense case's keys: sequence b is the first lengths[b] tokens of c's sequence b,
+// in pages of a random size at shuffled ids of an NHD or HND pool with spare pages (random bytes elsewhere).
+paged_case paginate(std::mt19937& rng, const host_case& c, const std::vector<std::int32_t>& lengths) {
+  paged_case p;
+  p.dtype = c.dtype;
+  p.layout = rng() % 2 ? fairkv::page_layout::hnd : fairkv::page_layout::nhd;
+  p.batch = c.batch;
+  p.heads = c.heads;
+  p.head_dim = c.head_dim;
+  p.page_size = std::vector<std::int64_t>{1, 3, 16}[rng() % 3];
+  p.indptr = {0};
+  std::int64_t pages = 0;
+  for (const std::int32_t L : lengths) {
+    const std::int64_t np = (L + p.page_size - 1) / p.page_size;
+    pages += np;
+    p.indptr.push_back(static_cast<std::int32_t>(pages));
+    p.last_page_len.push_back(static_cast<std::int32_t>(L - (np - 1) * p.page_size));
+  }
+  p.num_pages = pages + static_cast<std::int64_t>(rng() % 4);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(p.num_pages));
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  p.indices.assign(ids.begin(), ids.begin() + pages);
+  const auto bytes = static_cast<std::size_t>(p.num_pages * p.page_size * p.heads * p.head_dim * dtype_bytes(p.dtype));
+  p.k_pool.resize(bytes);
+  p.v_pool.resize(bytes);
+  for (auto& x : p.k_pool) x = static_cast<unsigned char>(rng());
+  for (auto& x : p.v_pool) x = static_cast<unsigned char>(rng());
+  with_dtype(c.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const auto dense = make_view(c, reinterpret_cast<const T*>(c.k_bytes.data()));
+    const auto paged = make_paged(p, reinterpret_cast<T*>(p.k_pool.data()), reinterpret_cast<T*>(p.v_pool.data()),
+                                  p.indptr.data(), p.indices.data(), p.last_page_len.data()).keys();
+    for (std::int64_t b = 0; b < c.batch; ++b)
+      for (std::int64_t h = 0; h < c.heads; ++h)
+        for (std::int64_t t = 0; t < lengths[static_cast<std::size_t>(b)]; ++t)
+          for (std::int64_t e = 0; e < c.head_dim; ++e)
+            paged.row(b, h, t)[e * paged.stride_dim] = dense.row(b, h, t)[e * dense.stride_dim];
+  });
+  return p;
+}
+
+// cpu::plan over the paged keys (host tables), with the case's lists: one, or per request.
+result cpu_plan_paged(const host_case& c, paged_case& p, std::int64_t window, fairkv::keep_plan& out) {
+  return with_target(c, [&](auto target) { return with_policy(c, [&](const auto& pol, auto tag) -> result {
+    using T = decltype(tag);
+    const auto pv = make_paged(p, reinterpret_cast<const T*>(p.k_pool.data()),
+                               reinterpret_cast<const T*>(p.v_pool.data()), p.indptr.data(), p.indices.data(),
+                               p.last_page_len.data());
+    const auto in = make_paged_inputs<T>(c, pv.keys(), window, c.queries.data(), c.attention.data(),
+                                         c.column_sums.data(), c.scores.empty() ? nullptr : c.scores.data(),
+                                         c.local_column_sums.data());
+    if (!c.targets.empty()) return fairkv::cpu::plan(pol, in, c.requests(), out);
+    return fairkv::cpu::plan(pol, in, c.segments, c.whitelist, target, out);
+  }); });
 }
 
 result cpu_plan_requests(const host_case& c, fairkv::keep_plan& out) {
@@ -923,6 +980,119 @@ TEST_SUITE("cuda_parity") {
     MESSAGE(cases << " request batches of 2-4 sequences (" << shared << " with one target for all), " << attention
                   << " attention, " << attention_exact << " of them bit-identical");
     CHECK(attention_exact * 10 >= attention * 8);
+  }
+
+  TEST_CASE("cuda parity: paged keys of a ragged batch (NHD and HND), one list or per-request lists" *
+            doctest::skip(no_device)) {
+    std::mt19937 rng(5309);
+    int cases = 0, attention = 0, attention_exact = 0, requests = 0;
+    for (int rep = 0; rep < (quick ? 1 : 2); ++rep)
+      for (const scorer_id s : {scorer_id::knorm, scorer_id::streaming_llm, scorer_id::external, scorer_id::snapkv,
+                                scorer_id::tova, scorer_id::h2o})
+        for (const selector_id sel : all_selectors)
+          for (const allocator_id a : all_allocators) {
+            const bool attn = is_attention(s);
+            if (a == allocator_id::debias || (s == scorer_id::external && a == allocator_id::fair_paper)) continue;
+            // Attention over a ragged batch: the window's rows are the last of each sequence, so scoring that needs
+            // rows inside the sequence (segment-local SnapKV / TOVA, fair_paper) is left to the dense suites;
+            // segment-local H2O reads the renormalised column sums.
+            if (attn && (a == allocator_id::fair_paper || (uses_segments(a) && s != scorer_id::h2o))) continue;
+            const dtype_id d = float_keys_only(s) || attn ? dtype_id::f32 : all_dtypes[rng() % 3];
+            host_case c;
+            do c = random_case(rng, s, sel, a, d, 1 + static_cast<std::int64_t>(rng() % 4));
+            while (c.tokens < 3 || c.tokens > (quick ? 600 : 1500));
+            // SnapKV's window and TOVA's last row must lie in the queries every sequence shares: at least one
+            // window long.
+            const std::int64_t floor = attn ? std::min<std::int64_t>(c.tokens, c.window + 1) : 3;
+            std::vector<std::int32_t> lengths;
+            for (std::int64_t b = 0; b < c.batch; ++b)
+              lengths.push_back(static_cast<std::int32_t>(floor + rng() % static_cast<unsigned>(c.tokens - floor + 1)));
+            lengths[rng() % lengths.size()] = static_cast<std::int32_t>(c.tokens);  // the longest fills the plan
+            const std::int32_t shortest = *std::min_element(lengths.begin(), lengths.end());
+            c.target.reset();
+            if (rng() % 2 == 0) {
+              use_requests(rng, c, lengths);
+              ++requests;
+            } else {  // one list, within the shortest sequence
+              c.segments = random_segments(rng, a, shortest);
+              c.whitelist = uses_whitelist(a) ? random_whitelist(rng, shortest, fairkv::keep_budget(shortest, c.ratio))
+                                              : std::vector<std::int32_t>{};
+              std::int64_t hard = static_cast<std::int64_t>(std::set<std::int32_t>(c.whitelist.begin(), c.whitelist.end()).size());
+              for (const fairkv::segment& g : c.segments) hard += std::min<std::int64_t>(g.size(), 2 * c.protect.boundary);
+              if (hard > fairkv::keep_budget(shortest, c.ratio) || hard > 1000) c.protect.boundary = 0;
+              if (a == allocator_id::prioritized) {
+                c.priorities.clear();
+                c.remainder_priority = {};
+              }
+            }
+            // H2O's rows span the whole sequence: it reads column sums here (renormalised to the regions of
+            // random_case's list, numbers both backends read alike).
+            if (s == scorer_id::h2o)
+              c.attn = uses_segments(a) ? attention_input::local_column_sums : attention_input::column_sums;
+            paged_case p = paginate(rng, c, lengths);
+            const std::int64_t window = attn ? shortest : 1 + static_cast<std::int64_t>(rng() % static_cast<unsigned>(shortest));
+            CAPTURE(c.name);
+            CAPTURE(window);
+            fairkv::keep_plan want, got;
+            const result cr = cpu_plan_paged(c, p, window, want);
+            REQUIRE_MESSAGE(cr.ok(), std::string(cr.message()));
+            result verdict;
+            const result gr = gpu_plan_paged(c, p, lengths, window, got, verdict);
+            REQUIRE_MESSAGE(gr.ok(), std::string(gr.message()));
+            REQUIRE_MESSAGE(verdict.ok(), std::string(verdict.message()));
+            std::string why;
+            const bool same = same_plan(want, got, why);
+            ++cases;
+            if (!attn) {
+              CHECK_MESSAGE(same, why);
+              continue;
+            }
+            ++attention;
+            attention_exact += same ? 1 : 0;
+            for (std::int64_t b = 0; b < c.batch; ++b)  // near-tie swaps only, the counts exact
+              for (std::int64_t h = 0; h < c.heads; ++h) {
+                CHECK(want.count(b, h) == got.count(b, h));
+                const auto x = want.kept(b, h), y = got.kept(b, h);
+                std::vector<std::int32_t> diff;
+                std::set_symmetric_difference(x.begin(), x.end(), y.begin(), y.end(), std::back_inserter(diff));
+                CHECK_MESSAGE(diff.size() <= 4u + x.size() / 50u, why);
+              }
+          }
+    MESSAGE(cases << " ragged paged batches (" << requests << " with per-request lists), " << attention
+                  << " attention, " << attention_exact << " of them bit-identical");
+    CHECK(attention_exact * 10 >= attention * 8);
+  }
+
+  TEST_CASE("cuda parity: paged keys whose table disagrees with the host's lengths are reported, not read" *
+            doctest::skip(no_device)) {
+    std::mt19937 rng(8);
+    host_case c = random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::uniform, dtype_id::f32, 3);
+    while (c.tokens < 8) c = random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::uniform, dtype_id::f32, 3);
+    c.target.reset();
+    const std::vector<std::int32_t> lengths = {static_cast<std::int32_t>(c.tokens), 5, 7};
+    const paged_case good = paginate(rng, c, lengths);
+    fairkv::keep_plan got;
+    result verdict;
+    REQUIRE(gpu_plan_paged(c, good, lengths, 1, got, verdict).ok());
+    CHECK_MESSAGE(verdict.ok(), std::string(verdict.message()));
+    // The host says sequence 2 has 6 tokens, its table 7.
+    std::vector<std::int32_t> wrong = lengths;
+    wrong[2] = 6;
+    REQUIRE(gpu_plan_paged(c, good, wrong, 1, got, verdict).ok());
+    CHECK(verdict.code() == status::invalid_argument);
+    CHECK(std::string(verdict.message()) == "inputs.keys: sequence 2 has 7 tokens in its page table but lengths[2] = 6");
+    // A page id outside the pool: reported, and no kernel reads through it (a real device would fault).
+    paged_case bad = good;
+    bad.indices[1] = static_cast<std::int32_t>(bad.num_pages + 1000000);
+    REQUIRE(gpu_plan_paged(c, bad, lengths, 1, got, verdict).ok());
+    CHECK(verdict.code() == status::out_of_range);
+    CHECK(std::string(verdict.message()).find("inputs.keys.indices[1]") != std::string::npos);
+    // Host-side refusals: no lengths for paged keys, a zero length.
+    const result missing = gpu_plan_paged(c, good, {}, 1, got, verdict);
+    CHECK(missing.code() == status::invalid_argument);
+    CHECK(std::string(missing.message()).find("host copy of every sequence's length") != std::string::npos);
+    const result empty = gpu_plan_paged(c, good, {static_cast<std::int32_t>(c.tokens), 0, 7}, 1, got, verdict);
+    CHECK(empty.code() == status::empty_cache);
   }
 
   TEST_CASE("cuda parity: attention scorers (near-ties aside, the same plans)" * doctest::skip(no_device)) {

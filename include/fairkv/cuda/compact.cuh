@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "fairkv/cuda/detail/launch.cuh"
+#include "fairkv/cuda/detail/page_table_checks.cuh"
 #include "fairkv/cuda/detail/tuning.cuh"
 #include "fairkv/cuda/detail/workspace.cuh"
 #include "fairkv/cuda/error.cuh"
@@ -38,35 +39,9 @@
 namespace fairkv::cuda {
 namespace detail {
 
-enum compact_error_code : int {
-  compact_ok = 0,
-  compact_length_mismatch = 1,  // plan.lengths[b] != the view's tokens of sequence b (b, -, tokens)
-  compact_bad_count = 2,        // counts outside [0, length]                                (b, h, count)
-  compact_not_ascending = 3,    // indices not strictly ascending inside [0, length)         (b, h, j)
-  compact_bad_indptr = 4,       // paged: indptr[0] != 0 or decreasing                       (b, -, -)
-  compact_bad_page = 5,         // paged: a page id outside [0, num_pages)                   (i, page, -)
-  compact_duplicate_page = 6,   // paged: a page listed twice                                (i, j, page)
-  compact_bad_last_page_len = 7,  // paged: last_page_len outside [1, page_size]             (b, len, -)
-  compact_page_in_source = 8,   // compact_into: a destination page is also a source page     (i, page, -)
-  compact_no_room = 9,          // compact_into: a destination sequence shorter than its plan (b, room, longest)
-};
-
-struct compact_state {
-  int code, a, b, c;  // first error found by the validation kernel (compact_error_code + its arguments)
-  int ticket;         // chunk tickets handed out so far
-};
-
-inline void __device__ report(compact_state* st, int code, int a, int b, int c) {
-  if (atomicCAS(&st->code, 0, code) == 0) {
-    st->a = a;
-    st->b = b;
-    st->c = c;
-  }
-}
-
 // One block per (batch, head) row. `tokens` < 0: take each sequence's length from the paged side.
 template <class Side>
-__global__ void validate_plan_kernel(const_keep_plan_view plan, Side side, std::int64_t tokens, compact_state* st) {
+__global__ void validate_plan_kernel(const_keep_plan_view plan, Side side, std::int64_t tokens, device_verdict* st) {
   const std::int64_t row = blockIdx.x, b = row / plan.heads, h = row % plan.heads;
   const std::int64_t len = tokens >= 0 ? tokens : side.tokens_of(b);
   if (h == 0 && threadIdx.x == 0 && plan.lengths[b] != len)
@@ -80,37 +55,6 @@ __global__ void validate_plan_kernel(const_keep_plan_view plan, Side side, std::
   for (std::int32_t j = threadIdx.x; j < n; j += blockDim.x)
     if (idx[j] < 0 || idx[j] >= len || (j > 0 && idx[j] <= idx[j - 1]))
       report(st, compact_not_ascending, static_cast<int>(b), static_cast<int>(h), j);
-}
-
-// Page tables (what paged_kv_view's host validate() checks, on the device). Grid-stride over the pages.
-// owner [num_pages], zeroed: owner[page] = 1 + the first position that claimed the page, so a second claim finds
-// the duplicate in one atomic (linear in the table, where comparing every pair was quadratic).
-template <class T>
-__global__ void validate_pages_kernel(paged_side<T> s, compact_state* st, int* owner) {
-  const std::int64_t tid = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  if (tid == 0 && s.indptr[0] != 0) report(st, compact_bad_indptr, 0, -1, -1);
-  for (std::int64_t b = tid; b < s.batch; b += stride) {
-    if (s.indptr[b + 1] < s.indptr[b]) report(st, compact_bad_indptr, static_cast<int>(b), -1, -1);
-    if (s.indptr[b + 1] > s.indptr[b] && (s.last_page_len[b] < 1 || s.last_page_len[b] > s.page_size))
-      report(st, compact_bad_last_page_len, static_cast<int>(b), s.last_page_len[b], -1);
-  }
-  const std::int64_t nnz = s.indptr[s.batch];
-  for (std::int64_t i = tid; i < nnz; i += stride) {
-    const std::int32_t page = s.indices[i];
-    if (page < 0 || page >= s.num_pages) {
-      report(st, compact_bad_page, static_cast<int>(i), page, -1);
-      continue;
-    }
-    // A page shared by two positions would let one sequence's compaction overwrite another's tokens (owner null: a
-    // table that is only read, where sharing is allowed).
-    if (owner == nullptr) continue;
-    const int first = atomicCAS(&owner[page], 0, static_cast<int>(i) + 1);
-    if (first != 0) {
-      const int j = first - 1, k = static_cast<int>(i);
-      report(st, compact_duplicate_page, j < k ? j : k, j < k ? k : j, page);
-    }
-  }
 }
 
 // A row of one side seen as `Unit`s: 16-byte vectors (contiguous, aligned rows) or single elements with the
@@ -128,13 +72,13 @@ struct unit_side {
 template <class Unit, class SideK, class SideV>
 __global__ void __launch_bounds__(compact_threads)
     compact_kernel(const_keep_plan_view plan, unit_side<Unit, SideK> k, unit_side<Unit, SideV> v, std::int32_t chunk,
-                   std::int32_t units, std::int64_t chunks_per_row, compact_state* st, int* flags) {
+                   std::int32_t units, std::int64_t chunks_per_row, device_verdict* st, int* flags) {
   Unit* buf_k = dynamic_shared<Unit>();  // [chunk, units]
   Unit* buf_v = buf_k + static_cast<std::int64_t>(chunk) * units;  // [chunk, units]
   __shared__ std::int64_t item;
   if (threadIdx.x == 0) item = atomicAdd(&st->ticket, 1);
   __syncthreads();
-  if (*static_cast<volatile int*>(&st->code) != compact_ok) return;  // the plan failed validation: write nothing
+  if (*static_cast<volatile int*>(&st->code) != verdict_ok) return;  // the plan failed validation: write nothing
   const std::int64_t it = item;
   const std::int64_t row = it / chunks_per_row, c = it % chunks_per_row;
   const std::int64_t b = row / plan.heads, h = row % plan.heads;
@@ -196,7 +140,7 @@ __global__ void __launch_bounds__(compact_threads)
 }
 
 struct compact_workspace {
-  compact_state* state = nullptr;  // [1]
+  device_verdict* state = nullptr;  // [1]
   int* flags = nullptr;            // [rows * chunks_per_row]
   int* page_owner = nullptr;       // [num_pages] paged views: the position that claimed each page, plus one
 };
@@ -332,12 +276,12 @@ template <class T>
 
 // The device-side validation verdict of the last compact() that used this temp storage. Synchronises `stream`.
 [[nodiscard]] inline result read_compact_status(const void* d_temp_storage, cudaStream_t stream = nullptr) noexcept {
-  detail::compact_state st{};
+  detail::device_verdict st{};
   FAIRKV_CUDA_TRY(cudaMemcpyAsync(&st, detail::align_base(const_cast<void*>(d_temp_storage)), sizeof(st),
                                   cudaMemcpyDeviceToHost, stream));
   FAIRKV_CUDA_TRY(cudaStreamSynchronize(stream));
   switch (st.code) {
-    case detail::compact_ok: return {};
+    case detail::verdict_ok: return {};
     case detail::compact_length_mismatch:
       return result::error(status::invalid_plan, "view sequence %d has %d tokens but the plan was made for another length",
                            st.a, st.c);
@@ -348,15 +292,10 @@ template <class T>
       return result::error(status::invalid_plan,
                            "plan: indices of (batch %d, head %d) are not strictly ascending inside the sequence at %d",
                            st.a, st.b, st.c);
-    case detail::compact_bad_indptr:
-      return result::error(status::invalid_shape, "view.indptr is not 0-based and non-decreasing (at %d)", st.a);
-    case detail::compact_bad_page:
-      return result::error(status::out_of_range, "view.indices[%d] = %d is outside [0, num_pages)", st.a, st.b);
-    case detail::compact_duplicate_page:
-      return result::error(status::invalid_shape, "view.indices lists page %d twice (positions %d and %d)", st.c, st.a,
-                           st.b);
-    case detail::compact_bad_last_page_len:
-      return result::error(status::invalid_shape, "view.last_page_len[%d] = %d is outside [1, page_size]", st.a, st.b);
+    case detail::table_bad_indptr:
+    case detail::table_bad_page:
+    case detail::table_duplicate_page:
+    case detail::table_bad_last_page_len: return detail::table_error(st, "view");
     case detail::compact_page_in_source:
       return result::error(status::invalid_argument,
                            "to.indices[%d] = page %d is also in from's table: the copy would overwrite tokens it reads",

@@ -32,7 +32,7 @@ __global__ void mark_source_pages_kernel(paged_side<T> from, int* mark) {
 
 // A destination page that is also a source page (one pool).
 template <class T>
-__global__ void check_source_pages_kernel(paged_side<T> to, const int* mark, compact_state* st) {
+__global__ void check_source_pages_kernel(paged_side<T> to, const int* mark, device_verdict* st) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < to.indptr[to.batch];
        i += stride) {
@@ -44,7 +44,7 @@ __global__ void check_source_pages_kernel(paged_side<T> to, const int* mark, com
 
 // Every destination sequence holds its longest head's kept tokens. One thread per sequence.
 template <class T>
-__global__ void check_room_kernel(const_keep_plan_view plan, paged_side<T> to, compact_state* st) {
+__global__ void check_room_kernel(const_keep_plan_view plan, paged_side<T> to, device_verdict* st) {
   const std::int64_t b = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (b >= plan.batch) return;
   std::int32_t longest = 0;
@@ -62,8 +62,8 @@ template <class Unit, class FromK, class FromV, class ToK, class ToV>
 __global__ void __launch_bounds__(compact_threads)
     copy_kernel(const_keep_plan_view plan, FromK fk, FromV fv, ToK tk, ToV tv, std::int64_t k_unit_stride,
                 std::int64_t v_unit_stride, std::int64_t tk_unit_stride, std::int64_t tv_unit_stride,
-                std::int32_t chunk, std::int32_t units, std::int64_t chunks_per_row, const compact_state* st) {
-  if (*static_cast<const volatile int*>(&st->code) != compact_ok) return;  // validation failed: write nothing
+                std::int32_t chunk, std::int32_t units, std::int64_t chunks_per_row, const device_verdict* st) {
+  if (*static_cast<const volatile int*>(&st->code) != verdict_ok) return;  // validation failed: write nothing
   const std::int64_t row = blockIdx.x / chunks_per_row, c = blockIdx.x % chunks_per_row;
   const std::int64_t b = row / plan.heads, h = row % plan.heads, n = plan.counts[row];
   const std::int64_t j0 = c * chunk, j1 = j0 + chunk < n ? j0 + chunk : n;
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(compact_threads)
 }
 
 struct compact_into_workspace {
-  compact_state* state = nullptr;  // [1]
+  device_verdict* state = nullptr;  // [1]
   int* owner = nullptr;            // [to.num_pages] the destination's page claims (a page listed twice)
   int* mark = nullptr;             // [from.num_pages] one pool: the source's pages
 };
@@ -154,13 +154,13 @@ template <class T>
     const auto units = static_cast<std::int32_t>(row_bytes / 16);
     return launch(copy_kernel<uint4, paged_side<const T>, paged_side<const T>, paged_side<T>, paged_side<T>>, g,
                   compact_threads, 0, stream, plan, fk, fv, tk, tv, std::int64_t{1}, std::int64_t{1}, std::int64_t{1},
-                  std::int64_t{1}, chunk, units, cpr, static_cast<const compact_state*>(w.state));
+                  std::int64_t{1}, chunk, units, cpr, static_cast<const device_verdict*>(w.state));
   }
   using raw = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>;
   return launch(copy_kernel<raw, paged_side<const T>, paged_side<const T>, paged_side<T>, paged_side<T>>, g,
                 compact_threads, 0, stream, plan, fk, fv, tk, tv, fk.stride_dim, fv.stride_dim, tk.stride_dim,
                 tv.stride_dim, chunk, static_cast<std::int32_t>(to.head_dim), cpr,
-                static_cast<const compact_state*>(w.state));
+                static_cast<const device_verdict*>(w.state));
 }
 
 }  // namespace fairkv::cuda

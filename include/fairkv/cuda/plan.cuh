@@ -41,6 +41,19 @@
 
 namespace fairkv::cuda {
 
+// Everything in one plan_arguments (cuda/planner.cuh): one list or per-request lists, and for paged keys the host
+// copy of the sequences' lengths. Paged keys: the device checks their page tables against those lengths before
+// any kernel reads through them; read_plan_status reports a mismatch (the plan is then unspecified).
+template <class Policy, class Inputs>
+[[nodiscard]] result plan(void* d_temp_storage, std::size_t& temp_storage_bytes,
+                          const plan_arguments<Policy, Inputs>& args, cudaStream_t stream = nullptr) noexcept {
+  using handle = planner<Policy, Inputs>;
+  if (d_temp_storage == nullptr) return handle::get_workspace_size(args, temp_storage_bytes);
+  handle h;
+  FAIRKV_TRY(h.initialize(args, d_temp_storage, temp_storage_bytes, stream));
+  return h.run(stream);
+}
+
 // Checks everything plan() checks on the host, without touching device memory. `out` must describe device
 // memory of the right extents. A success means plan() will launch (device errors aside). `target` is a ratio or a
 // token budget (fairkv/budget.hpp); a double is a ratio.
@@ -60,12 +73,8 @@ template <class S, class Sel, class A, class KeySource, class Q>
                           const layer_inputs<KeySource, Q>& in, std::span<const segment> segments,
                           std::span<const std::int32_t> whitelist, const keep_target& target, keep_plan_view out,
                           cudaStream_t stream = nullptr) noexcept {
-  using handle = planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>>;
-  const typename handle::arguments args{pol, in, segments, whitelist, target, out};
-  if (d_temp_storage == nullptr) return handle::get_workspace_size(args, temp_storage_bytes);
-  handle h;
-  FAIRKV_TRY(h.initialize(args, d_temp_storage, temp_storage_bytes, stream));
-  return h.run(stream);
+  const plan_arguments<policy<S, Sel, A>, layer_inputs<KeySource, Q>> args{pol, in, segments, whitelist, target, out};
+  return plan(d_temp_storage, temp_storage_bytes, args, stream);
 }
 
 // A batch of requests, each sequence with its own segments, whitelist and target (fairkv/request_batch.hpp, host
@@ -85,12 +94,8 @@ template <class S, class Sel, class A, class KeySource, class Q>
 [[nodiscard]] result plan(void* d_temp_storage, std::size_t& temp_storage_bytes, const policy<S, Sel, A>& pol,
                           const layer_inputs<KeySource, Q>& in, const request_batch& requests, keep_plan_view out,
                           cudaStream_t stream = nullptr) noexcept {
-  using handle = planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>>;
-  const typename handle::arguments args{pol, in, {}, {}, {}, out, &requests};
-  if (d_temp_storage == nullptr) return handle::get_workspace_size(args, temp_storage_bytes);
-  handle h;
-  FAIRKV_TRY(h.initialize(args, d_temp_storage, temp_storage_bytes, stream));
-  return h.run(stream);
+  const plan_arguments<policy<S, Sel, A>, layer_inputs<KeySource, Q>> args{pol, in, {}, {}, {}, out, &requests};
+  return plan(d_temp_storage, temp_storage_bytes, args, stream);
 }
 
 }  // namespace fairkv::cuda

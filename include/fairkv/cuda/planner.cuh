@@ -57,7 +57,8 @@ namespace fairkv::cuda {
 // arrays (detail/params.cuh states the limits). `target` is a ratio or a token budget (fairkv/budget.hpp); a
 // double in its place is a ratio, so `{policy, inputs, segments, whitelist, 0.5, out}` means what it always did.
 // `requests` (host, optional): each sequence's own segments, whitelist and target instead of the three above,
-// which must then be left empty (the target is ignored).
+// which must then be left empty (the target is ignored). `lengths` (host): for paged keys, every sequence's
+// token count as their page table says (the table itself is device memory); empty for a kv_view.
 template <class Policy, class Inputs>
 struct plan_arguments {
   Policy policy;
@@ -67,6 +68,7 @@ struct plan_arguments {
   keep_target target{};
   keep_plan_view out{};
   const request_batch* requests = nullptr;
+  std::span<const std::int32_t> lengths{};
 };
 
 template <class Policy, class Inputs>
@@ -136,6 +138,7 @@ class planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>> {
       FAIRKV_TRY((detail::prepare_key_launch<S, KeySource>(args.inputs.keys, keys_)));
     if (d_workspace == nullptr) return result::error(status::null_pointer, "the temp storage is null");
     detail::layout<S, Sel>(detail::align_base(d_workspace), w_, bp_);
+    if constexpr (!detail::is_dense_view_v<KeySource>) bp_.table_verdict = &w_.verdict->code;
     if (bp_.per_sequence) {
       bp_.seq = w_.params;
       bp_.attn = w_.attention;
@@ -160,6 +163,13 @@ class planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>> {
       return result::error(status::invalid_argument, "fairkv::cuda::planner::run() before a successful initialize()");
     const batch_params& bp = bp_;
     const plan_workspace& w = w_;
+    FAIRKV_CUDA_TRY(cudaMemsetAsync(w.verdict, 0, sizeof(device_verdict), stream));
+    if constexpr (!is_dense_view_v<KeySource>) {  // the page tables, before any kernel reads through them
+      FAIRKV_TRY(launch(validate_pages_kernel<const T>, 64, 256, 0, stream, inputs_.keys, w.verdict,
+                        static_cast<int*>(nullptr)));
+      FAIRKV_TRY(launch(check_lengths_kernel<const T>, grid_for(bp.batch, 256), 256, 0, stream, inputs_.keys, bp,
+                        w.verdict));
+    }
     FAIRKV_TRY((launch_scores<S, A, KeySource, Q>(*scorer_, inputs_, bp, keys_, w, stream)));
     const std::int64_t rows = static_cast<std::int64_t>(bp.batch) * bp.heads;
     constexpr bool uni = Sel::kind == selection_kind::union_heads;
@@ -200,7 +210,7 @@ class planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>> {
   [[nodiscard]] static result build(const arguments& args, bool with_budgets, detail::batch_params& bp,
                                     Each&& each) noexcept {
     return detail::build_params(args.policy, args.inputs, args.segments, args.whitelist, args.target, args.requests,
-                                with_budgets, bp, each);
+                                args.lengths, with_budgets, bp, each);
   }
   [[nodiscard]] static result check_output(const arguments& args, const detail::batch_params& bp) noexcept {
     return fairkv::detail::check_output_plan(args.out, bp.batch, bp.heads, bp.pitch);
@@ -227,5 +237,24 @@ class planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>> {
   keep_plan_view out_{};
   bool ready_ = false;
 };
+
+// The device's verdict on the last plan made in this temp storage: for paged keys, their page tables (ids in the
+// pool, indptr, last_page_len) and the host's lengths against them; where it is not ok, the kernels read no key
+// and the plan's contents are unspecified. Always ok for a kv_view. Synchronises `stream`: call it off the hot
+// path (debug builds, tests, the first plan over a new table).
+[[nodiscard]] inline result read_plan_status(const void* d_temp_storage, cudaStream_t stream = nullptr) noexcept {
+  detail::device_verdict st{};
+  FAIRKV_CUDA_TRY(cudaMemcpyAsync(&st, detail::align_base(const_cast<void*>(d_temp_storage)), sizeof(st),
+                                  cudaMemcpyDeviceToHost, stream));
+  FAIRKV_CUDA_TRY(cudaStreamSynchronize(stream));
+  if (st.code == detail::verdict_ok) return {};
+  if (st.code == detail::keys_length_mismatch)
+    return result::error(status::invalid_argument,
+                         "inputs.keys: sequence %d has %d tokens in its page table but lengths[%d] = %d", st.a, st.c,
+                         st.a, st.b);
+  const result table = detail::table_error(st, "inputs.keys");
+  if (!table.ok()) return table;
+  return result::error(status::internal_error, "unknown planning status %d", st.code);
+}
 
 }  // namespace fairkv::cuda

@@ -46,7 +46,7 @@ template <class S, class KeySource, class Q>
   const policy<S, selectors::head_adaptive, allocators::uniform> pol{scorer, {}, {}};
   detail::batch_params bp;
   detail::plan_workspace w;
-  FAIRKV_TRY(detail::build_params(pol, in, {}, {}, keep_target(0.5), nullptr, false, bp,
+  FAIRKV_TRY(detail::build_params(pol, in, {}, {}, keep_target(0.5), nullptr, {}, false, bp,
                                   [&](std::int64_t, const detail::plan_params& p, const detail::attention_params& a) {
                                     bp.one = p;
                                     bp.one_attention = a;

@@ -78,6 +78,7 @@ struct batch_params {
   attention_params one_attention{};
   const plan_params* seq = nullptr;        // per_sequence: device [batch]
   const attention_params* attn = nullptr;  // per_sequence, attention scorers: device [batch]
+  const int* table_verdict = nullptr;      // paged keys: the device's verdict on their page tables
   std::int32_t batch = 0;
   std::int32_t heads = 0;
   std::int32_t pitch = 0;        // the longest sequence: the row pitch of scores, keep masks and accumulators
@@ -93,6 +94,10 @@ struct batch_params {
   }
   [[nodiscard]] FAIRKV_HOST_DEVICE const attention_params& attention_of(std::int64_t b) const noexcept {
     return per_sequence ? attn[b] : one_attention;
+  }
+  // Paged keys whose tables failed the device's check are not read (read_plan_status reports why).
+  [[nodiscard]] FAIRKV_HOST_DEVICE bool keys_unreadable() const noexcept {
+    return table_verdict != nullptr && *static_cast<const volatile int*>(table_verdict) != 0;
   }
 };
 

@@ -24,7 +24,7 @@
 namespace fairkv::cuda::detail {
 
 template <class K>
-inline constexpr bool is_dense_view_v = false;
+inline constexpr bool is_dense_view_v = false;  // else paged_side<const T>
 template <class T>
 inline constexpr bool is_dense_view_v<kv_view<const T>> = true;
 
@@ -224,30 +224,78 @@ template <class S, class Sel, class A, class KeySource, class Q>
   return build_budgets<S, A>(pol.allocator, heads, n_keep, {origin, l.segments.size()}, p);
 }
 
+// The keys and the batch's lengths (min_tokens / max_tokens). A kv_view's sequences all have its tokens; paged
+// keys keep their page tables in device memory, so the host takes each sequence's length from `lengths` (a host
+// copy, as FlashInfer's plan() takes its host indptr) and checks the pools' layout, and the device checks the
+// tables against both before any kernel reads through them (read_plan_status).
+template <class S, class KeySource, class Q>
+[[nodiscard]] result validate_keys_and_lengths(const layer_inputs<KeySource, Q>& in,
+                                               std::span<const std::int32_t> lengths, std::int64_t& min_tokens,
+                                               std::int64_t& max_tokens) noexcept {
+  if constexpr (is_dense_view_v<KeySource>) {
+    if (!lengths.empty())
+      return result::error(status::invalid_argument,
+                           "lengths were given for a kv_view, whose sequences all have its %lld tokens (lengths are "
+                           "the host copy of paged keys' sequence lengths)",
+                           static_cast<long long>(in.keys.tokens));
+    return fairkv::detail::validate_lengths<S>(in, min_tokens, max_tokens);
+  } else {
+    FAIRKV_TRY(validate_layout(in.keys, "inputs.keys"));
+    if (static_cast<std::int64_t>(lengths.size()) != in.keys.batch)
+      return result::error(status::invalid_argument,
+                           "inputs.keys are paged (their tables in device memory): give the host copy of every "
+                           "sequence's length; lengths has %zu entries for a batch of %lld",
+                           lengths.size(), static_cast<long long>(in.keys.batch));
+    max_tokens = 0;
+    min_tokens = INT64_MAX;
+    for (std::int64_t b = 0; b < in.keys.batch; ++b) {
+      const std::int64_t L = lengths[static_cast<std::size_t>(b)];
+      if (L == 0)
+        return result::error(status::empty_cache, "sequence %lld of inputs.keys has no tokens",
+                             static_cast<long long>(b));
+      if (L < 0)
+        return result::error(status::invalid_argument, "lengths[%lld] = %lld is negative", static_cast<long long>(b),
+                             static_cast<long long>(L));
+      if (L > in.keys.num_pages * in.keys.page_size)
+        return result::error(status::invalid_shape, "lengths[%lld] = %lld exceeds the pool's %lld slots",
+                             static_cast<long long>(b), static_cast<long long>(L),
+                             static_cast<long long>(in.keys.num_pages * in.keys.page_size));
+      max_tokens = std::max(max_tokens, L);
+      min_tokens = std::min(min_tokens, L);
+    }
+    return {};
+  }
+}
+
 // The request's checks, in the CPU oracle's order and words (cpu/plan.hpp): one list for the batch, or each
 // sequence's own (`requests`, errors naming the sequence). min_tokens / max_tokens: the batch's lengths.
 template <class S, class Sel, class A, class KeySource, class Q>
 [[nodiscard]] result validate_request(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
                                       std::span<const segment> segments, std::span<const std::int32_t> whitelist,
                                       const keep_target& target, const request_batch* requests,
-                                      std::int64_t& min_tokens, std::int64_t& max_tokens) noexcept {
-  static_assert(is_dense_view_v<KeySource>,
-                "fairkv::cuda::plan: the keys must be a kv_view<const T> (contiguous or strided); paged keys are "
-                "not supported by the CUDA planner (compact() does support paged views)");
-  if (requests == nullptr)
-    return fairkv::detail::validate_plan_request(pol, in, segments, whitelist, target, min_tokens, max_tokens);
+                                      std::span<const std::int32_t> lengths, std::int64_t& min_tokens,
+                                      std::int64_t& max_tokens) noexcept {
+  const auto length_of = [&](std::int64_t b) -> std::int64_t {
+    return lengths.empty() ? in.keys.tokens_of(b) : lengths[static_cast<std::size_t>(b)];
+  };
+  if (requests == nullptr) {
+    FAIRKV_TRY(fairkv::detail::validate_target(target));
+    FAIRKV_TRY((validate_keys_and_lengths<S>(in, lengths, min_tokens, max_tokens)));
+    FAIRKV_TRY((fairkv::detail::validate_score_source<S, A>()));
+    FAIRKV_TRY(fairkv::detail::validate_lists<A>(segments, whitelist, min_tokens));
+    return fairkv::detail::validate_policy_inputs(pol, in, min_tokens, max_tokens);
+  }
   if (!segments.empty() || !whitelist.empty())
     return result::error(status::invalid_argument,
                          "segments and whitelist are given twice: in the request batch and for the whole batch");
   if (requests->targets.empty())
     return result::error(status::invalid_argument, "requests.targets is empty: give one, or one per sequence");
-  FAIRKV_TRY(fairkv::detail::validate_lengths<S>(in, min_tokens, max_tokens));
+  FAIRKV_TRY((validate_keys_and_lengths<S>(in, lengths, min_tokens, max_tokens)));
   FAIRKV_TRY(validate(*requests, in.keys.batch));
   FAIRKV_TRY((fairkv::detail::validate_score_source<S, A>()));
   for (std::int64_t b = 0; b < in.keys.batch; ++b) {
     result r = fairkv::detail::validate_target(requests->target_of(b));
-    if (r.ok())
-      r = fairkv::detail::validate_lists<A>(requests->segments_of(b), requests->whitelist_of(b), in.keys.tokens_of(b));
+    if (r.ok()) r = fairkv::detail::validate_lists<A>(requests->segments_of(b), requests->whitelist_of(b), length_of(b));
     if (!r.ok()) return result::error(r.code(), "sequence %lld: %s", static_cast<long long>(b), r.message());
   }
   return fairkv::detail::validate_policy_inputs(pol, in, min_tokens, max_tokens);
@@ -259,10 +307,14 @@ template <class S, class Sel, class A, class KeySource, class Q>
 template <class S, class Sel, class A, class KeySource, class Q, class Each>
 [[nodiscard]] result build_params(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
                                   std::span<const segment> segments, std::span<const std::int32_t> whitelist,
-                                  const keep_target& target, const request_batch* requests, bool with_budgets,
-                                  batch_params& bp, Each&& each) noexcept {
+                                  const keep_target& target, const request_batch* requests,
+                                  std::span<const std::int32_t> lengths, bool with_budgets, batch_params& bp,
+                                  Each&& each) noexcept {
   std::int64_t min_tokens = 0, max_tokens = 0;
-  FAIRKV_TRY(validate_request(pol, in, segments, whitelist, target, requests, min_tokens, max_tokens));
+  FAIRKV_TRY(validate_request(pol, in, segments, whitelist, target, requests, lengths, min_tokens, max_tokens));
+  const auto length_of = [&](std::int64_t b) -> std::int64_t {
+    return lengths.empty() ? in.keys.tokens_of(b) : lengths[static_cast<std::size_t>(b)];
+  };
   bp = batch_params{};
   bp.batch = static_cast<std::int32_t>(in.keys.batch);
   bp.heads = static_cast<std::int32_t>(in.keys.heads);
@@ -274,8 +326,8 @@ template <class S, class Sel, class A, class KeySource, class Q, class Each>
   for (std::int64_t b = 0; b < tables; ++b) {
     const sequence_lists l = requests != nullptr
                                  ? sequence_lists{requests->segments_of(b), requests->whitelist_of(b),
-                                                  &requests->target_of(b), in.keys.tokens_of(b), b}
-                                 : sequence_lists{segments, whitelist, &target, in.keys.tokens_of(b), b};
+                                                  &requests->target_of(b), length_of(b), b}
+                                 : sequence_lists{segments, whitelist, &target, length_of(b), b};
     // This backend's limits name the sequence; the front end's own errors are the CPU's, word for word.
     const result limits = check_cuda_limits(pol, in, l.tokens, l.segments, l.whitelist);
     if (!limits.ok() && requests != nullptr)

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "fairkv/cuda/detail/page_table_checks.cuh"
 #include "fairkv/cuda/detail/params.cuh"
 #include "fairkv/cuda/detail/score_attention.cuh"
 #include "fairkv/cuda/detail/select_split.cuh"
@@ -16,6 +17,7 @@
 namespace fairkv::cuda::detail {
 
 struct plan_workspace {
+  device_verdict* verdict = nullptr;      // [1] the device's checks of paged keys (read_plan_status)
   plan_params* params = nullptr;          // [tables] the sequences' parameters (batch_params::seq)
   attention_params* attention = nullptr;  // [tables] their attention regions (attention scorers)
   float* scores = nullptr;      // [batch * heads, pitch]
@@ -28,7 +30,7 @@ struct plan_workspace {
   std::int32_t* chunk_counts = nullptr;  // [batch * heads, emit chunks] kept tokens per emit chunk
 };
 
-// The parameter tables first (per-sequence batches): initialize() uploads them, run() only reads them.
+// The parameter tables (per-sequence batches) come before the scratch: initialize() uploads them, run() reads them.
 template <class S, class Sel>
 std::size_t layout(void* base, plan_workspace& w, const batch_params& bp) noexcept {
   workspace_carver c(base);
@@ -37,6 +39,7 @@ std::size_t layout(void* base, plan_workspace& w, const batch_params& bp) noexce
   constexpr bool uni = Sel::kind == selection_kind::union_heads;
   constexpr bool attn = is_attention_source(S::source);
   const std::size_t tables = bp.per_sequence ? B : 0;  // else the parameters travel in batch_params
+  c.carve(w.verdict, 1);  // first: read_plan_status finds it at the aligned base
   c.carve(w.params, tables);
   c.carve(w.attention, attn ? tables : 0);
   c.carve(w.scores, B * H * L);

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(attention_threads)
   __shared__ float shared_max;
   const std::int32_t r = blockIdx.x, qh = blockIdx.y, b = blockIdx.z;
   const attention_params& a = bp.attention_of(b);
-  if (r >= a.total_rows) return;  // the whole block: this sequence needs fewer rows
+  if (r >= a.total_rows || bp.keys_unreadable()) return;  // the whole block: fewer rows here, or a bad page table
   const attention_region& reg = region_of_row(a, r);
   const std::int64_t p = reg.row_begin + (r - reg.row_offset);
   const std::int64_t L = bp.of(b).tokens;
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(attention_threads)
   const plan_params& pp = bp.of(b);
   const attention_params& a = bp.attention_of(b);
   const std::int64_t L = pp.tokens;
-  if (t >= L) return;
+  if (t >= L || bp.keys_unreadable()) return;
   const attention_region& reg = region_of_token(a, static_cast<std::int32_t>(t));
   float sum = 0.f;
   if (t - reg.begin < reg.scored) {

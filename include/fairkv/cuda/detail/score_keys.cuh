@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(key_score_threads)
   const std::int64_t b = row / keys.heads, h = row % keys.heads;
   const std::int64_t L = bp.of(b).tokens;
   const std::int64_t t0 = static_cast<std::int64_t>(blockIdx.x) * rows_per_block;
-  if (t0 >= L) return;  // the whole block: past this sequence's end
+  if (t0 >= L || bp.keys_unreadable()) return;  // the whole block: past this sequence's end, or a bad page table
   const std::int64_t n = (L - t0) < rows_per_block ? L - t0 : rows_per_block;
   const int pitch = staged_row_words(keys.head_dim, sizeof(T));
   if constexpr (Vec) {
