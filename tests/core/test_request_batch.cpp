@@ -244,3 +244,36 @@ TEST_CASE("per-request plans refuse malformed CSR and a bad list, naming the seq
   CHECK(std::string(r.message()).find("sequence 0:") != std::string::npos);
   CHECK(std::string(r.message()).find("does not use segments") != std::string::npos);
 }
+
+TEST_CASE("a ragged batch's attention needs its leading dimension: 0 cannot mean every sequence's own length") {
+  std::mt19937 rng(77);
+  ragged_case c = random_case(rng);
+  while (c.B < 2 || *std::min_element(c.lengths.begin(), c.lengths.end()) ==
+                        *std::max_element(c.lengths.begin(), c.lengths.end()))
+    c = random_case(rng);
+  const std::int64_t Lmax = *std::max_element(c.lengths.begin(), c.lengths.end());
+  const std::int64_t Lmin = *std::min_element(c.lengths.begin(), c.lengths.end());
+  // H2O from column sums [B, H, ld] and TOVA from the last rows [B, H, 1, ld]: one layout for the whole batch.
+  std::vector<float> sums(static_cast<std::size_t>(c.B * c.H * Lmax), 1.f), rows(sums);
+  layer_inputs<paged_side<const float>> in{c.keys()};
+  in.attention_column_sums = sums.data();
+  in.attention_q_heads = c.H;
+  keep_plan p;
+  const policy<scorers::h2o, selectors::per_head, allocators::uniform> h2o{};
+  result r = cpu::plan(h2o, in, {}, {}, 0.5, p);
+  CHECK(r.code() == status::invalid_shape);
+  CHECK(std::string(r.message()).find("inputs.attention_ld is 0 but the sequences have " + std::to_string(Lmin) +
+                                      " to " + std::to_string(Lmax) + " tokens") != std::string::npos);
+  in.attention_ld = Lmax;
+  r = cpu::plan(h2o, in, {}, {}, 0.5, p);
+  CHECK_MESSAGE(r.ok(), r.message());
+  in.attention_column_sums = nullptr;
+  in.attention = rows.data();
+  in.attention_rows = 1;
+  in.attention_ld = 0;
+  const policy<scorers::tova, selectors::per_head, allocators::uniform> tova{};
+  CHECK(cpu::plan(tova, in, {}, {}, 0.5, p).code() == status::invalid_shape);
+  in.attention_ld = Lmax;
+  r = cpu::plan(tova, in, {}, {}, 0.5, p);
+  CHECK_MESSAGE(r.ok(), r.message());
+}

@@ -272,6 +272,7 @@ void use_requests(std::mt19937& rng, host_case& c, const std::vector<std::int32_
 
 // A ragged paged batch holding a dense case's keys: sequence b is the first lengths[b] tokens of c's sequence b,
 // in pages of a random size at shuffled ids of an NHD or HND pool with spare pages (random bytes elsewhere).
+// Sequences 0 and 1 share their first full pages, sometimes (those hold sequence 1's keys: planning only reads).
 paged_case paginate(std::mt19937& rng, const host_case& c, const std::vector<std::int32_t>& lengths) {
   paged_case p;
   p.dtype = c.dtype;
@@ -293,6 +294,11 @@ paged_case paginate(std::mt19937& rng, const host_case& c, const std::vector<std
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i);
   std::shuffle(ids.begin(), ids.end(), rng);
   p.indices.assign(ids.begin(), ids.begin() + pages);
+  if (p.batch >= 2) {  // a shared prefix, as prefix caching leaves it: sequence 1 lists sequence 0's first full pages
+    const std::int64_t full = std::min(p.indptr[1] - p.indptr[0], p.indptr[2] - p.indptr[1]) - 1;
+    const std::int64_t shared = full > 0 ? static_cast<std::int64_t>(rng() % static_cast<unsigned>(full + 1)) : 0;
+    for (std::int64_t j = 0; j < shared; ++j) p.indices[static_cast<std::size_t>(p.indptr[1] + j)] = p.indices[static_cast<std::size_t>(j)];
+  }
   const auto bytes = static_cast<std::size_t>(p.num_pages * p.page_size * p.heads * p.head_dim * dtype_bytes(p.dtype));
   p.k_pool.resize(bytes);
   p.v_pool.resize(bytes);

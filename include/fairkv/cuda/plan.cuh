@@ -10,6 +10,8 @@
 // that the CPU oracle makes is made on the host by the shared front end (detail/plan_front.hpp), with the CPU's
 // messages, before the first launch; every launch is checked as it is made. Nothing is
 // allocated and the host never waits for the device, so a plan can be captured in a CUDA graph.
+// A batch of requests (per-sequence lists) or of paged keys of different lengths plans in the same one launch
+// sequence, its sequences' parameters uploaded once into the temp storage (plan_arguments, cuda/planner.cuh).
 //
 // Both are planner (cuda/planner.cuh) used once: can_implement / get_workspace_size / initialize / run. Engines
 // that plan the same shape every step keep a planner and call run() alone.
