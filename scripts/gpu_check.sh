@@ -25,9 +25,10 @@ build() {
   cmake -S . -B "$BUILD" -DFAIRKV_ENABLE_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES="${FAIRKV_CUDA_ARCHS:-80;90}" || return 1
   cmake --build "$BUILD" -j"${FAIRKV_JOBS:-2}" --target fairkv_cuda_header_check fairkv_cuda_tests fairkv_bench_cuda \
-    || return 1
+    fairkv_paged_engine_cuda || return 1
   mkdir -p "$BIN"
-  cp "$BUILD/tests/cuda/fairkv_cuda_tests" "$BUILD/bench/cuda/fairkv_bench_cuda" "$BIN/" || return 1
+  cp "$BUILD/tests/cuda/fairkv_cuda_tests" "$BUILD/bench/cuda/fairkv_bench_cuda" \
+    "$BUILD/examples/paged_engine/fairkv_paged_engine_cuda" "$BIN/" || return 1
   ls -l "$BIN"
 }
 
@@ -76,6 +77,9 @@ run_checks() {
   else
     echo "== compute-sanitizer not found: sanitizer runs SKIPPED"
     summary+=("compute-sanitizer: SKIPPED (not installed)")
+  fi
+  if [ -x "$BIN/fairkv_paged_engine_cuda" ]; then
+    step "paged engine loop (requests batched = one by one)" 60 "$BIN/fairkv_paged_engine_cuda"
   fi
   step "benchmark" 150 "$bench"
   echo

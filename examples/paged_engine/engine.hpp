@@ -16,7 +16,18 @@
 #include <string>
 #include <vector>
 
-#include "fairkv/fairkv.hpp"
+// The library's backend-independent parts only: main.cpp adds the CPU backend, main_cuda.cu the CUDA one.
+#include "fairkv/allocators/fair.hpp"
+#include "fairkv/budget.hpp"
+#include "fairkv/keep_plan.hpp"
+#include "fairkv/layer_inputs.hpp"
+#include "fairkv/paged_release.hpp"
+#include "fairkv/policy.hpp"
+#include "fairkv/request_batch.hpp"
+#include "fairkv/scorers/knorm.hpp"
+#include "fairkv/selectors/per_head.hpp"
+#include "fairkv/status.hpp"
+#include "fairkv/views/paged_kv_view.hpp"
 
 namespace paged_engine {
 

@@ -1,6 +1,7 @@
 // The paged engine loop (engine.hpp) on the CPU backend: plan every request of the batch in one cpu::plan call over
 // the engine's paged keys (request_batch), compact the pool in place.
 #include "engine.hpp"
+#include "fairkv/fairkv.hpp"
 
 int main() {
   return paged_engine::run("cpu", [](paged_engine::engine& e, const std::vector<paged_engine::request>& reqs,
