@@ -35,16 +35,16 @@ inline constexpr std::int64_t kv_heads = 2, q_heads = 4, head_dim = 16, block_si
 
 // The fairness policy every request is compressed with: K-Norm scores, each instruction segment keeps the same
 // fraction of its tokens, whitelisted tokens are kept and paid for.
-using policy = fairkv::policy<fairkv::scorers::knorm, fairkv::selectors::per_head,
-                              fairkv::allocators::fair_with_whitelist>;
+using policy =
+    fairkv::policy<fairkv::scorers::knorm, fairkv::selectors::per_head, fairkv::allocators::fair_with_whitelist>;
 
 struct request {
   std::string name;
-  std::int32_t tokens = 0;                   // the system prompt, prefilled
-  std::vector<fairkv::segment> segments;     // its instruction lines
-  std::vector<std::int32_t> whitelist;       // e.g. the defense line's first tokens
+  std::int32_t tokens = 0;                // the system prompt, prefilled
+  std::vector<fairkv::segment> segments;  // its instruction lines
+  std::vector<std::int32_t> whitelist;    // e.g. the defense line's first tokens
   fairkv::keep_target target;
-  std::uint32_t seed = 0;                    // its K, V and decode query (the same whichever batch it is in)
+  std::uint32_t seed = 0;  // its K, V and decode query (the same whichever batch it is in)
 };
 
 // The engine's memory: one K pool and one V pool of blocks [num_blocks, block_size, kv_heads, head_dim] (vLLM's
@@ -117,7 +117,8 @@ inline fairkv::result take_back_blocks(engine& e, fairkv::const_keep_plan_view p
 
 // One decode step of request b: its query (from its seed) attends, per query head, over the tokens its KV head
 // kept (the first counts[b * kv_heads + h] slots of its blocks). Plain softmax attention in double.
-inline std::vector<double> decode(engine& e, std::int64_t b, const request& r, const std::vector<std::int32_t>& counts) {
+inline std::vector<double> decode(engine& e, std::int64_t b, const request& r,
+                                  const std::vector<std::int32_t>& counts) {
   std::mt19937 rng(r.seed ^ 0x9e3779b9u);
   std::normal_distribution<float> normal(0.f, 1.f);
   auto v = e.view();
@@ -145,8 +146,8 @@ inline std::vector<double> decode(engine& e, std::int64_t b, const request& r, c
 
 // What a backend does for the engine: compress every request of `e` in one call (its own lists and target from
 // `reqs`), in place in the pool, and return the plan's counts ([batch * kv_heads]) on the host.
-using compress_fn = std::function<fairkv::result(engine& e, const std::vector<request>& reqs,
-                                                 std::vector<std::int32_t>& counts)>;
+using compress_fn =
+    std::function<fairkv::result(engine& e, const std::vector<request>& reqs, std::vector<std::int32_t>& counts)>;
 
 // The request batch of `reqs`, in CSR form, over storage the caller keeps alive.
 struct request_lists {
@@ -213,8 +214,8 @@ inline int run(const char* backend, const compress_fn& compress) {
       return 1;
     }
     const std::vector<double> single = decode(alone, 0, reqs[b], alone_counts);
-    const bool same = answer == single &&
-                      std::equal(alone_counts.begin(), alone_counts.end(), counts.begin() + bi * kv_heads);
+    const bool same =
+        answer == single && std::equal(alone_counts.begin(), alone_counts.end(), counts.begin() + bi * kv_heads);
     failures += same ? 0 : 1;
     std::printf("  %-13s %2d tokens -> %2d kept per head, %lld blocks; answer %s the one-by-one answer\n",
                 reqs[b].name.c_str(), reqs[b].tokens, counts[static_cast<std::size_t>(bi * kv_heads)],

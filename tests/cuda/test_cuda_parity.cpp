@@ -1009,7 +1009,8 @@ TEST_SUITE("cuda_parity") {
             while (c.tokens < 3 || c.tokens > (quick ? 600 : 1500));
             // SnapKV's window and TOVA's last row must lie in the queries every sequence shares: at least one
             // window long.
-            const std::int64_t floor = attn ? std::min<std::int64_t>(c.tokens, c.window + 1) : 3;
+            const std::int64_t floor =
+                attn ? std::min<std::int64_t>(c.tokens, c.window + 1) : (a == allocator_id::fair_paper ? 2 : 1);
             std::vector<std::int32_t> lengths;
             for (std::int64_t b = 0; b < c.batch; ++b)
               lengths.push_back(static_cast<std::int32_t>(floor + rng() % static_cast<unsigned>(c.tokens - floor + 1)));
