@@ -352,7 +352,8 @@ void run_paged_requests(cudaStream_t stream) {
   const auto view = fairkv::make_paged_view(fairkv::page_layout::nhd, reinterpret_cast<bf16*>(k),
                                             reinterpret_cast<bf16*>(v), num_pages, page_size, heads, head_dim, batch,
                                             d_indptr, d_ids, d_last);
-  using policy = fairkv::policy<fairkv::scorers::knorm, fairkv::selectors::per_head, fairkv::allocators::fair_with_whitelist>;
+  using policy =
+      fairkv::policy<fairkv::scorers::knorm, fairkv::selectors::per_head, fairkv::allocators::fair_with_whitelist>;
   const std::vector<fairkv::keep_target> targets{fairkv::keep_target::of_ratio(ratio)};
   const fairkv::request_batch requests{seg_indptr, segments, wl_indptr, whitelist, targets};
   fairkv::cuda::plan_arguments<policy, fairkv::layer_inputs<fairkv::paged_side<const bf16>>> args{
@@ -407,7 +408,8 @@ void run_paged_requests(cudaStream_t stream) {
     if (it >= warmup) t_gather.push_back(ms);
   }
   const double row_bytes = static_cast<double>(head_dim * 2);
-  const double floor_bytes = static_cast<double>(tokens * heads) * row_bytes + 4.0 * static_cast<double>(kept) * row_bytes;
+  const double floor_bytes =
+      static_cast<double>(tokens * heads) * row_bytes + 4.0 * static_cast<double>(kept) * row_bytes;
   const double gather_bytes = 4.0 * static_cast<double>(kept) * row_bytes;  // kept K and V read and written
   const float total = median(t_total), plan_ms = median(t_plan), gather_ms = median(t_gather);
   std::printf(

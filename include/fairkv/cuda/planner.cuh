@@ -176,7 +176,7 @@ class planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>> {
     if constexpr (Sel::kind == selection_kind::per_head || uni) {
       const float* sel_scores = w.scores;
       if constexpr (uni) {
-        FAIRKV_TRY(launch(head_mean_kernel<>, grid_for(static_cast<std::int64_t>(bp.batch) * bp.pitch, elementwise_threads),
+        FAIRKV_TRY(launch(head_mean_kernel<>, grid_for(std::int64_t{bp.batch} * bp.pitch, elementwise_threads),
                           elementwise_threads, 0, stream, w.scores, bp, w.mean));
         sel_scores = w.mean;
       }

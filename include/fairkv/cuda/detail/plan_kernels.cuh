@@ -56,7 +56,8 @@ __global__ void check_lengths_kernel(paged_side<T> s, __grid_constant__ const ba
 // select_split.cuh.) A template: see the note at the top of this file.
 template <int = 0>
 __global__ void __launch_bounds__(select_threads)
-    head_adaptive_select_kernel(__grid_constant__ const batch_params bp, const float* __restrict__ scores, std::uint8_t* __restrict__ keep) {
+    head_adaptive_select_kernel(__grid_constant__ const batch_params bp, const float* __restrict__ scores,
+                                std::uint8_t* __restrict__ keep) {
   __shared__ select_smem s;
   const std::int32_t row = blockIdx.x, g = blockIdx.y;
   const plan_params& p = bp.of(row);

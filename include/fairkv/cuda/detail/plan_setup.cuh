@@ -202,8 +202,9 @@ struct sequence_lists {
   std::int64_t seq;  // the sequence the parameters are for (0 when they serve the whole batch)
 };
 
-// The front end's steps for one sequence (within this backend's limits), into its kernel parameters. `with_budgets` also forces tokens and
-// builds the checked budgets (the run; the size query, like the CPU's, does not look at the whitelist budget).
+// The front end's steps for one sequence (within this backend's limits), into its kernel parameters.
+// `with_budgets` also forces tokens and builds the checked budgets (the run; the size query, like the CPU's, does
+// not look at the whitelist budget).
 template <class S, class Sel, class A, class KeySource, class Q>
 [[nodiscard]] result build_sequence(const policy<S, Sel, A>& pol, const layer_inputs<KeySource, Q>& in,
                                     const sequence_lists& l, bool with_budgets, plan_params& p,
@@ -295,7 +296,8 @@ template <class S, class Sel, class A, class KeySource, class Q>
   FAIRKV_TRY((fairkv::detail::validate_score_source<S, A>()));
   for (std::int64_t b = 0; b < in.keys.batch; ++b) {
     result r = fairkv::detail::validate_target(requests->target_of(b));
-    if (r.ok()) r = fairkv::detail::validate_lists<A>(requests->segments_of(b), requests->whitelist_of(b), length_of(b));
+    if (r.ok())
+      r = fairkv::detail::validate_lists<A>(requests->segments_of(b), requests->whitelist_of(b), length_of(b));
     if (!r.ok()) return result::error(r.code(), "sequence %lld: %s", static_cast<long long>(b), r.message());
   }
   return fairkv::detail::validate_policy_inputs(pol, in, min_tokens, max_tokens);

@@ -105,7 +105,8 @@ __global__ void __launch_bounds__(attention_threads)
 // grid = (ceil(pitch / threads), q_heads, batch). acc [batch, q_heads, pitch]
 template <score_source Source, class Keys, class Q>
 __global__ void __launch_bounds__(attention_threads)
-    attention_accumulate_kernel(__grid_constant__ const batch_params bp, layer_inputs<Keys, Q> in, const row_stat* stats, float* acc) {
+    attention_accumulate_kernel(__grid_constant__ const batch_params bp, layer_inputs<Keys, Q> in,
+                                const row_stat* stats, float* acc) {
   using T = typename Keys::value_type;
   const std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * attention_threads + threadIdx.x;
   const std::int32_t qh = blockIdx.y, b = blockIdx.z;
@@ -201,7 +202,8 @@ __global__ void attention_finalize_kernel(__grid_constant__ const batch_params b
 // as std::max_element finds it in cpu/score_paper.hpp (NaN only when the first scored token is NaN), 1 when
 // nothing is scored. grid = (bp.regions, batch, paper ? heads : 1). scores [batch * heads, pitch]
 template <int = 0>
-__global__ void __launch_bounds__(attention_threads) attention_pad_kernel(__grid_constant__ const batch_params bp, float* scores) {
+__global__ void __launch_bounds__(attention_threads)
+    attention_pad_kernel(__grid_constant__ const batch_params bp, float* scores) {
   using reduce_t = cub::BlockReduce<float, attention_threads>;
   __shared__ typename reduce_t::TempStorage tmp;
   __shared__ float pad;

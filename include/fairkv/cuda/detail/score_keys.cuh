@@ -67,7 +67,8 @@ __global__ void score_external_kernel(score_view in, __grid_constant__ const bat
 // grid = (ceil(pitch / rows), batch * heads). scores [batch * heads, pitch]
 template <class S, class Keys, bool Vec>
 __global__ void __launch_bounds__(key_score_threads)
-    score_keys_kernel(S scorer, Keys keys, __grid_constant__ const batch_params bp, std::int32_t rows_per_block, float* scores) {
+    score_keys_kernel(S scorer, Keys keys, __grid_constant__ const batch_params bp, std::int32_t rows_per_block,
+                      float* scores) {
   using T = typename Keys::value_type;
   std::uint32_t* staged = dynamic_shared<std::uint32_t>();  // [rows_per_block, pitch] 32-bit words
   const std::int64_t row = blockIdx.y;

@@ -82,8 +82,8 @@ struct split_problem {
 // grid = (max slices of a group, problems). slice_hist [rows, bp.slices, 256]
 template <selection_kind Kind>
 __global__ void __launch_bounds__(split_threads)
-    split_hist_kernel(__grid_constant__ const batch_params bp, const float* __restrict__ scores, split_state* states, unsigned* slice_hist,
-                      int pass) {
+    split_hist_kernel(__grid_constant__ const batch_params bp, const float* __restrict__ scores, split_state* states,
+                      unsigned* slice_hist, int pass) {
   __shared__ unsigned hist[256];
   __shared__ bool last;
   __shared__ select_smem walk;  // only hist/digit/before/bin_count/total are used here
@@ -163,8 +163,8 @@ __global__ void __launch_bounds__(split_threads)
 // grid = (max slices of a group, problems). keep [rows, tokens]: 1 for whitelisted or selected tokens, else 0.
 template <selection_kind Kind>
 __global__ void __launch_bounds__(split_threads)
-    split_mark_kernel(__grid_constant__ const batch_params bp, const float* __restrict__ scores, const split_state* states,
-                      const unsigned* slice_hist, std::uint8_t* keep) {
+    split_mark_kernel(__grid_constant__ const batch_params bp, const float* __restrict__ scores,
+                      const split_state* states, const unsigned* slice_hist, std::uint8_t* keep) {
   using scan_t = cub::BlockScan<int, split_threads>;
   __shared__ typename scan_t::TempStorage scan;
   const split_problem<Kind> pr(bp, static_cast<std::int32_t>(blockIdx.y));
