@@ -1,6 +1,7 @@
 // Per-request policy inputs for one planning call over a batch: every sequence its own segments, whitelist and keep
 // target, in the CSR form serving engines batch requests in (FlashInfer's indptr convention). A batch of requests
-// with different system prompts plans in one call instead of one call per request.
+// with different system prompts plans in one call instead of one call per request. A sequence of no tokens (an idle
+// slot of a ragged batch) plans to nothing and takes no lists.
 #pragma once
 
 #include <cstdint>

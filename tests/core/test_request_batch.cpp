@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -276,4 +278,211 @@ TEST_CASE("a ragged batch's attention needs its leading dimension: 0 cannot mean
   in.attention_ld = Lmax;
   r = cpu::plan(tova, in, {}, {}, 0.5, p);
   CHECK_MESSAGE(r.ok(), r.message());
+}
+
+namespace {
+
+// The paged case's keys copied into a padded [B, H, Lmax, D] buffer; the padding is NaN, so a backend that read it
+// would score (and keep) differently.
+struct padded_copy {
+  std::int64_t Lmax = 0;
+  std::vector<float> k;
+  std::vector<std::int32_t> lengths;
+  [[nodiscard]] kv_view<const float> view(const ragged_case& c) const {
+    return make_padded_view(static_cast<const float*>(k.data()), c.B, c.H, Lmax, c.D, lengths.data());
+  }
+};
+
+padded_copy pad(const ragged_case& c) {
+  padded_copy p;
+  p.Lmax = *std::max_element(c.lengths.begin(), c.lengths.end()) + 3;  // room past the longest sequence too
+  p.k.assign(static_cast<std::size_t>(c.B * c.H * p.Lmax * c.D), std::numeric_limits<float>::quiet_NaN());
+  const auto paged = c.keys();
+  const auto dense = make_contiguous_view(p.k.data(), c.B, c.H, p.Lmax, c.D);
+  for (std::int64_t b = 0; b < c.B; ++b) {
+    p.lengths.push_back(static_cast<std::int32_t>(c.lengths[static_cast<std::size_t>(b)]));
+    for (std::int64_t h = 0; h < c.H; ++h)
+      for (std::int64_t t = 0; t < p.lengths.back(); ++t)
+        std::copy_n(paged.row(b, h, t), c.D, dense.row(b, h, t));
+  }
+  return p;
+}
+
+template <class Policy, class Q>
+void check_padded_as_paged(const Policy& pol, const ragged_case& c, const padded_copy& p,
+                           const layer_inputs<kv_view<const float>, Q>& extra, bool use_segments, bool use_whitelist) {
+  const csr lists(c);
+  request_batch req;
+  if (use_segments) req.seg_indptr = lists.seg_indptr, req.segments = lists.segments;
+  if (use_whitelist) req.wl_indptr = lists.wl_indptr, req.whitelist = lists.whitelist;
+  req.targets = c.targets;
+  layer_inputs<kv_view<const float>, Q> padded = extra;
+  padded.keys = p.view(c);
+  layer_inputs<paged_side<const float>, Q> paged{c.keys()};
+  paged.queries = extra.queries;
+  paged.attention_column_sums = extra.attention_column_sums;
+  paged.attention_q_heads = extra.attention_q_heads;
+  paged.attention_ld = extra.attention_ld;
+  keep_plan a, b;
+  const result ra = cpu::plan(cpu::serial_executor{}, pol, padded, req, a);
+  REQUIRE_MESSAGE(ra.ok(), std::string(ra.message()));
+  REQUIRE(cpu::plan(cpu::serial_executor{}, pol, paged, req, b).ok());
+  for (std::int64_t s = 0; s < c.B; ++s) {
+    CHECK(a.length(s) == c.lengths[static_cast<std::size_t>(s)]);
+    for (std::int64_t h = 0; h < c.H; ++h) {
+      INFO(std::string(Policy::scorer_type::name) << " x " << std::string(Policy::allocator_type::name)
+                                                  << ", sequence " << s << " head " << h << ": padded "
+                                                  << list(a.kept(s, h)) << ", paged " << list(b.kept(s, h)));
+      CHECK(a.kept(s, h) == b.kept(s, h));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("padded batches: [B, H, Lmax, D] with each sequence's length plans as the same keys paged, padding unread") {
+  std::mt19937 rng(4711);
+  for (int round = 0; round < 40; ++round) {
+    const ragged_case c = random_case(rng);
+    const padded_copy p = pad(c);
+    CAPTURE(round);
+    const layer_inputs<kv_view<const float>> none{};
+    check_padded_as_paged(policy<scorers::knorm, selectors::per_head, allocators::fair>{}, c, p, none, true, false);
+    check_padded_as_paged(policy<scorers::knorm, selectors::union_heads, allocators::fair_with_whitelist>{}, c, p,
+                          none, true, true);
+    check_padded_as_paged(policy<scorers::streaming_llm<>, selectors::per_head, allocators::whitelist>{}, c, p, none,
+                          false, true);
+    check_padded_as_paged(policy<scorers::knorm, selectors::head_adaptive, allocators::debias>{}, c, p, none, true,
+                          true);
+    // Attention: SnapKV from the last window's queries of each sequence, H2O from column sums [B, H, ld].
+    const std::int64_t shortest = *std::min_element(c.lengths.begin(), c.lengths.end());
+    const std::int64_t window = std::min<std::int64_t>(shortest, 1 + static_cast<std::int64_t>(rng() % 8));
+    const auto queries = fairkv_test::random_floats(static_cast<std::size_t>(c.B * c.H * window * c.D), rng());
+    layer_inputs<kv_view<const float>> snap{};
+    snap.queries = make_contiguous_view(queries.data(), c.B, c.H, window, c.D);
+    scorers::snapkv<> sk{};
+    sk.window = static_cast<std::int32_t>(window);
+    check_padded_as_paged(policy<scorers::snapkv<>, selectors::per_head, allocators::uniform>{sk}, c, p, snap, false,
+                          false);
+    const auto sums = fairkv_test::random_floats(static_cast<std::size_t>(c.B * c.H * p.Lmax), rng());
+    layer_inputs<kv_view<const float>> h2o{};
+    h2o.attention_column_sums = sums.data();
+    h2o.attention_q_heads = c.H;
+    h2o.attention_ld = p.Lmax;
+    check_padded_as_paged(policy<scorers::h2o, selectors::per_head, allocators::whitelist>{}, c, p, h2o, false, true);
+  }
+}
+
+TEST_CASE("padded batches: compaction moves each sequence's kept rows and nothing else; bad lengths are refused") {
+  std::mt19937 rng(99);
+  ragged_case c = random_case(rng);
+  while (c.B < 2) c = random_case(rng);
+  padded_copy p = pad(c);
+  for (float& x : p.k)
+    if (std::isnan(x)) x = -7.f;  // padding a compaction must leave as it is
+  std::vector<float> v = fairkv_test::random_floats(p.k.size(), 5);
+  const policy<scorers::knorm, selectors::per_head, allocators::uniform> pol{};
+  keep_plan plan;
+  REQUIRE(cpu::plan(pol, keys_only(p.view(c)), {}, {}, 0.5, plan).ok());
+  const std::vector<float> k0 = p.k, v0 = v;
+  auto kv = make_padded_view(p.k.data(), c.B, c.H, p.Lmax, c.D, p.lengths.data());
+  auto vv = make_padded_view(v.data(), c.B, c.H, p.Lmax, c.D, p.lengths.data());
+  // Refused before any write: a plan made for other lengths; lengths past the view.
+  std::vector<std::int32_t> other = p.lengths;
+  other[1] -= 1;
+  auto wrong = kv;
+  wrong.lengths = other.data();
+  keep_plan copy = plan;
+  result r = cpu::compact(copy.view(), wrong, vv);
+  CHECK(r.code() == status::invalid_plan);
+  CHECK(std::string(r.message()).find("keys sequence 1 has") != std::string::npos);
+  std::vector<std::int32_t> past = p.lengths;
+  past[0] = static_cast<std::int32_t>(p.Lmax + 1);
+  auto wrong_v = vv;
+  wrong_v.lengths = past.data();
+  r = cpu::compact(copy.view(), kv, wrong_v);
+  CHECK(r.code() == status::invalid_shape);
+  CHECK(std::string(r.message()).find("values.lengths[0] = " + std::to_string(p.Lmax + 1) + " is outside [0, tokens " +
+                                      std::to_string(p.Lmax) + "]") != std::string::npos);
+  CHECK(p.k == k0);
+  CHECK(v == v0);
+  REQUIRE(cpu::compact(plan.view(), kv, vv).ok());
+  const auto before_k = make_contiguous_view(k0.data(), c.B, c.H, p.Lmax, c.D);
+  const auto before_v = make_contiguous_view(v0.data(), c.B, c.H, p.Lmax, c.D);
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t h = 0; h < c.H; ++h) {
+      const auto kept = plan.kept(b, h);
+      for (std::int64_t t = 0; t < p.Lmax; ++t) {
+        const bool moved = t < static_cast<std::int64_t>(kept.size());
+        const std::int64_t from = moved ? kept[static_cast<std::size_t>(t)] : t;
+        CAPTURE(t);
+        CHECK(std::equal(kv.row(b, h, t), kv.row(b, h, t) + c.D, before_k.row(b, h, from)));
+        CHECK(std::equal(vv.row(b, h, t), vv.row(b, h, t) + c.D, before_v.row(b, h, from)));
+      }
+    }
+}
+
+TEST_CASE("padded batches: lengths outside the view and queries with lengths are refused; an empty sequence plans to "
+          "nothing") {
+  const std::int64_t B = 3, H = 2, L = 16, D = 4;
+  auto k = fairkv_test::random_floats(static_cast<std::size_t>(B * H * L * D), 3);
+  const policy<scorers::knorm, selectors::per_head, allocators::uniform> pol{};
+  const auto refused = [&](std::vector<std::int32_t> lengths, status code, const std::string& needle) {
+    keep_plan p;
+    const result r = cpu::plan(pol, keys_only(make_padded_view(k.data(), B, H, L, D, lengths.data())), {}, {}, 0.5, p);
+    INFO(std::string(r.message()));
+    CHECK(r.code() == code);
+    CHECK(std::string(r.message()).find(needle) != std::string::npos);
+  };
+  refused({16, 17, 3}, status::invalid_shape, "inputs.keys.lengths[1] = 17 is outside [0, tokens 16]");
+  refused({16, 5, -1}, status::invalid_shape, "inputs.keys.lengths[2] = -1 is outside [0, tokens 16]");
+  refused({0, 0, 0}, status::empty_cache, "all 3 sequences of inputs.keys are empty");
+  const std::vector<std::int32_t> lengths{16, 9, 3};
+  keep_plan p;
+  REQUIRE(cpu::plan(pol, keys_only(make_padded_view(k.data(), B, H, L, D, lengths.data())), {}, {}, 0.5, p).ok());
+  CHECK(p.length(1) == 9);
+  CHECK(p.count(2, 0) == static_cast<std::int32_t>(keep_budget(3, 0.5)));
+  // An idle slot (no tokens) plans to nothing; the others as planned alone. One list applies to the sequences with
+  // tokens; a sequence's own list for an empty sequence is refused, naming it.
+  const std::vector<std::int32_t> idle{16, 0, 3};
+  const std::vector<segment> segs{{0, 2}};
+  const policy<scorers::knorm, selectors::per_head, allocators::fair> fair{};
+  REQUIRE(cpu::plan(fair, keys_only(make_padded_view(k.data(), B, H, L, D, idle.data())), segs, {}, 0.5, p).ok());
+  for (std::int64_t b = 0; b < B; ++b) {
+    CHECK(p.length(b) == idle[static_cast<std::size_t>(b)]);
+    if (idle[static_cast<std::size_t>(b)] == 0) {
+      for (std::int64_t h = 0; h < H; ++h) CHECK(p.count(b, h) == 0);
+      continue;
+    }
+    keep_plan alone;
+    const kv_view<const float> one{k.data() + b * H * L * D, 1, H, idle[static_cast<std::size_t>(b)], D,
+                                   H * L * D,                L * D, D,                                1};
+    REQUIRE(cpu::plan(fair, keys_only(one), segs, {}, 0.5, alone).ok());
+    for (std::int64_t h = 0; h < H; ++h) CHECK(p.kept(b, h) == alone.kept(0, h));
+  }
+  const std::vector<std::int32_t> seg_indptr{0, 1, 2, 2};
+  const std::vector<segment> two{{0, 2}, {0, 1}};
+  const keep_target half = 0.5;
+  const result own = cpu::plan(cpu::serial_executor{}, fair,
+                               keys_only(make_padded_view(k.data(), B, H, L, D, idle.data())),
+                               request_batch{seg_indptr, two, {}, {}, {&half, 1}}, p);
+  CHECK(own.code() == status::invalid_argument);
+  CHECK(std::string(own.message()) ==
+        "sequence 1: the sequence has no tokens but 1 segments and 0 whitelist positions were given for it");
+  // The padded views compact the same way: nothing moves in the empty sequence.
+  std::vector<float> kc = k, vc = fairkv_test::random_floats(k.size(), 8);
+  const std::vector<float> k0 = kc, v0 = vc;
+  REQUIRE(cpu::plan(pol, keys_only(make_padded_view(kc.data(), B, H, L, D, idle.data())), {}, {}, 0.5, p).ok());
+  REQUIRE(cpu::compact(p.view(), make_padded_view(kc.data(), B, H, L, D, idle.data()),
+                       make_padded_view(vc.data(), B, H, L, D, idle.data()))
+              .ok());
+  CHECK(std::equal(kc.begin() + H * L * D, kc.begin() + 2 * H * L * D, k0.begin() + H * L * D));
+  CHECK(std::equal(vc.begin() + H * L * D, vc.begin() + 2 * H * L * D, v0.begin() + H * L * D));
+  // The window's queries are the last of each sequence: lengths on them describe nothing.
+  const auto q = fairkv_test::random_floats(static_cast<std::size_t>(B * H * 2 * D), 4);
+  auto qv = make_padded_view(q.data(), B, H, 2, D, lengths.data());
+  const auto in = with_queries(make_padded_view(k.data(), B, H, L, D, lengths.data()), qv);
+  const result r = cpu::plan(policy<scorers::snapkv<>, selectors::per_head, allocators::uniform>{}, in, {}, {}, 0.5, p);
+  CHECK(r.code() == status::invalid_argument);
+  CHECK(std::string(r.message()).find("inputs.queries.lengths is set") != std::string::npos);
 }

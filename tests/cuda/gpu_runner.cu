@@ -70,6 +70,21 @@ struct device_case {
   }
 };
 
+// A paged case's page table in device memory; view() reads pools k and v through it.
+struct device_table {
+  device_buffer indptr, indices, last;
+  result upload(const paged_case& c) {
+    FAIRKV_TRY(indptr.upload(c.indptr));
+    FAIRKV_TRY(indices.upload(c.indices));
+    return last.upload(c.last_page_len);
+  }
+  template <class T>
+  [[nodiscard]] fairkv::paged_kv_view<T> view(const paged_case& c, T* k, T* v) const {
+    return make_paged(c, k, v, indptr.get<const std::int32_t>(), indices.get<const std::int32_t>(),
+                      last.get<const std::int32_t>());
+  }
+};
+
 }  // namespace
 
 const device_info& probe_device() {
@@ -104,12 +119,19 @@ fairkv::layer_inputs<fairkv::kv_view<const T>> fake_inputs(const host_case& c) {
                         fake(c.attention), fake(c.column_sums), fake(c.scores), fake(c.local_column_sums));
 }
 
+namespace {
+// A plan output of the case's extents at fake device pointers.
+fairkv::keep_plan_view fake_plan_view(const host_case& c) {
+  return {fake_device_pointer<std::int32_t>(), fake_device_pointer<std::int32_t>(),
+          fake_device_pointer<std::int32_t>(), c.batch, c.heads, c.tokens};
+}
+}  // namespace
+
 result gpu_can_implement(const host_case& c) {
   return with_policy(c, [&](const auto& pol, auto tag) -> result {
     using T = decltype(tag);
     const auto in = fake_inputs<T>(c);
-    const fairkv::keep_plan_view out{fake_device_pointer<std::int32_t>(), fake_device_pointer<std::int32_t>(),
-                                     fake_device_pointer<std::int32_t>(), c.batch, c.heads, c.tokens};
+    const fairkv::keep_plan_view out = fake_plan_view(c);
     return with_target(c, [&](auto target) {
       return fairkv::cuda::can_implement(pol, in, c.segments, c.whitelist, target, out);
     });
@@ -120,12 +142,22 @@ result gpu_planner_can_implement(const host_case& c) {
   return with_policy(c, [&](const auto& pol, auto tag) -> result {
     using T = decltype(tag);
     const auto in = fake_inputs<T>(c);
-    const fairkv::keep_plan_view out{fake_device_pointer<std::int32_t>(), fake_device_pointer<std::int32_t>(),
-                                     fake_device_pointer<std::int32_t>(), c.batch, c.heads, c.tokens};
+    const fairkv::keep_plan_view out = fake_plan_view(c);
     using planner = fairkv::cuda::planner<std::decay_t<decltype(pol)>, std::decay_t<decltype(in)>>;
     return with_target(c, [&](auto target) {
       return planner::can_implement({pol, in, c.segments, c.whitelist, target, out});
     });
+  });
+}
+
+result gpu_plan_with_lengths(const host_case& c, const std::vector<std::int32_t>& lengths) {
+  return with_policy(c, [&](const auto& pol, auto tag) -> result {
+    using T = decltype(tag);
+    const auto in = fake_inputs<T>(c);
+    using planner = fairkv::cuda::planner<std::decay_t<decltype(pol)>, std::decay_t<decltype(in)>>;
+    typename planner::arguments args{pol, in, c.segments, c.whitelist, c.ratio, fake_plan_view(c)};
+    args.lengths = lengths;
+    return planner::can_implement(args);
   });
 }
 
@@ -186,8 +218,7 @@ result gpu_can_implement_requests(const host_case& c) {
   return with_policy(c, [&](const auto& pol, auto tag) -> result {
     using T = decltype(tag);
     const auto in = fake_inputs<T>(c);
-    const fairkv::keep_plan_view out{fake_device_pointer<std::int32_t>(), fake_device_pointer<std::int32_t>(),
-                                     fake_device_pointer<std::int32_t>(), c.batch, c.heads, c.tokens};
+    const fairkv::keep_plan_view out = fake_plan_view(c);
     const fairkv::request_batch requests = c.requests();
     return fairkv::cuda::can_implement(pol, in, requests, out);
   });
@@ -223,25 +254,19 @@ result gpu_plan_requests(const host_case& c, fairkv::keep_plan& out, bool handle
   return d.plan.download(c, out);
 }
 
-result gpu_plan_paged(const host_case& c, const paged_case& pages, const std::vector<std::int32_t>& lengths,
-                      std::int64_t window, fairkv::keep_plan& out, result& verdict) {
-  device_case d;
-  device_buffer dk, dv, indptr, indices, last, temp;
-  FAIRKV_TRY(d.upload(c));
-  FAIRKV_TRY(dk.upload(pages.k_pool));
-  FAIRKV_TRY(dv.upload(pages.v_pool));
-  FAIRKV_TRY(indptr.upload(pages.indptr));
-  FAIRKV_TRY(indices.upload(pages.indices));
-  FAIRKV_TRY(last.upload(pages.last_page_len));
+namespace {
+// cuda::plan over a ragged batch through plan_arguments (one list or per-request lists, the host's lengths): the
+// keys from `keys_of(tag)` over the device buffers the caller holds; the rest of the inputs from `d`.
+template <class KeysOf>
+result plan_ragged(const host_case& c, device_case& d, const std::vector<std::int32_t>& lengths, std::int64_t window,
+                   KeysOf&& keys_of, fairkv::keep_plan& out, result& verdict) {
+  device_buffer temp;
   const fairkv::keep_plan_view view = d.plan.view(c.batch, c.heads, c.tokens);
   const fairkv::request_batch requests = c.requests();
   const result r = with_target(c, [&](auto target) { return with_policy(c, [&](const auto& pol, auto tag) -> result {
-    using T = decltype(tag);
-    const auto pv = make_paged(pages, dk.get<const T>(), dv.get<const T>(), indptr.get<const std::int32_t>(),
-                               indices.get<const std::int32_t>(), last.get<const std::int32_t>());
-    const auto in = make_paged_inputs<T>(c, pv.keys(), window, d.queries.get<const float>(),
-                                         d.attention.get<const float>(), d.sums.get<const float>(),
-                                         d.scores.get<const float>(), d.local_sums.get<const float>());
+    const auto in = make_ragged_inputs(c, keys_of(tag), window, d.queries.get<const float>(),
+                                       d.attention.get<const float>(), d.sums.get<const float>(),
+                                       d.scores.get<const float>(), d.local_sums.get<const float>());
     fairkv::cuda::plan_arguments<std::decay_t<decltype(pol)>, std::decay_t<decltype(in)>> args{
         pol, in, c.segments, c.whitelist, target, view};
     if (!c.targets.empty()) args = {pol, in, {}, {}, {}, view, &requests};
@@ -256,6 +281,37 @@ result gpu_plan_paged(const host_case& c, const paged_case& pages, const std::ve
   FAIRKV_TRY(r);
   FAIRKV_TRY(fairkv::cuda::from_cuda(cudaDeviceSynchronize()));
   return d.plan.download(c, out);
+}
+}  // namespace
+
+result gpu_plan_paged(const host_case& c, const paged_case& pages, const std::vector<std::int32_t>& lengths,
+                      std::int64_t window, fairkv::keep_plan& out, result& verdict) {
+  device_case d;
+  device_buffer dk, dv;
+  device_table table;
+  FAIRKV_TRY(d.upload(c));
+  FAIRKV_TRY(dk.upload(pages.k_pool));
+  FAIRKV_TRY(dv.upload(pages.v_pool));
+  FAIRKV_TRY(table.upload(pages));
+  return plan_ragged(c, d, lengths, window, [&](auto tag) {
+    using T = decltype(tag);
+    return table.view(pages, dk.get<const T>(), dv.get<const T>()).keys();
+  }, out, verdict);
+}
+
+result gpu_plan_padded(const host_case& c, const std::vector<std::int32_t>& device_lengths,
+                       const std::vector<std::int32_t>& lengths, std::int64_t window, fairkv::keep_plan& out,
+                       result& verdict) {
+  device_case d;
+  device_buffer dl;
+  FAIRKV_TRY(d.upload(c));
+  FAIRKV_TRY(dl.upload(device_lengths));
+  return plan_ragged(c, d, lengths, window, [&](auto tag) {
+    using T = decltype(tag);
+    auto keys = make_view(c, d.keys.get<const T>());
+    keys.lengths = dl.get<const std::int32_t>();
+    return keys;
+  }, out, verdict);
 }
 
 result gpu_score(const host_case& c, std::vector<float>& scores) {
@@ -303,17 +359,19 @@ result gpu_plan_handle(const host_case& c, fairkv::keep_plan& first, fairkv::kee
 }
 
 result gpu_compact(const host_case& c, const fairkv::keep_plan& plan, std::vector<unsigned char>& k,
-                   std::vector<unsigned char>& v) {
-  device_buffer dk, dv, temp;
+                   std::vector<unsigned char>& v, const std::vector<std::int32_t>* lengths) {
+  device_buffer dk, dv, dl, temp;
   FAIRKV_TRY(dk.upload(k));
   FAIRKV_TRY(dv.upload(v));
+  if (lengths != nullptr) FAIRKV_TRY(dl.upload(*lengths));
   device_plan dp;
   FAIRKV_TRY(dp.upload(plan));
   const fairkv::keep_plan_view view = dp.view(plan.batch(), plan.heads(), plan.capacity());
   const result r = with_dtype(c.dtype, [&](auto tag) -> result {
     using T = decltype(tag);
-    const auto kv = make_view(c, dk.get<T>());
-    const auto vv = make_view(c, dv.get<T>());
+    auto kv = make_view(c, dk.get<T>());
+    auto vv = make_view(c, dv.get<T>());
+    if (lengths != nullptr) kv.lengths = vv.lengths = dl.get<const std::int32_t>();
     std::size_t bytes = 0;
     FAIRKV_TRY(fairkv::cuda::compact(nullptr, bytes, view, kv, vv));
     FAIRKV_TRY(temp.allocate(bytes));
@@ -328,19 +386,17 @@ result gpu_compact(const host_case& c, const fairkv::keep_plan& plan, std::vecto
 
 result gpu_compact_paged(const paged_case& c, const fairkv::keep_plan& plan, std::vector<unsigned char>& k_pool,
                          std::vector<unsigned char>& v_pool) {
-  device_buffer dk, dv, indptr, indices, last, temp;
+  device_buffer dk, dv, temp;
+  device_table table;
   FAIRKV_TRY(dk.upload(k_pool));
   FAIRKV_TRY(dv.upload(v_pool));
-  FAIRKV_TRY(indptr.upload(c.indptr));
-  FAIRKV_TRY(indices.upload(c.indices));
-  FAIRKV_TRY(last.upload(c.last_page_len));
+  FAIRKV_TRY(table.upload(c));
   device_plan dp;
   FAIRKV_TRY(dp.upload(plan));
   const fairkv::keep_plan_view view = dp.view(plan.batch(), plan.heads(), plan.capacity());
   const result r = with_dtype(c.dtype, [&](auto tag) -> result {
     using T = decltype(tag);
-    const auto pv = make_paged(c, dk.get<T>(), dv.get<T>(), indptr.get<const std::int32_t>(),
-                               indices.get<const std::int32_t>(), last.get<const std::int32_t>());
+    const auto pv = table.view(c, dk.get<T>(), dv.get<T>());
     std::size_t bytes = 0;
     FAIRKV_TRY(fairkv::cuda::compact(nullptr, bytes, view, pv));
     FAIRKV_TRY(temp.allocate(bytes));
@@ -355,24 +411,19 @@ result gpu_compact_paged(const paged_case& c, const fairkv::keep_plan& plan, std
 
 result gpu_compact_into(const paged_case& c, const paged_case& to, const fairkv::keep_plan& plan,
                         std::vector<unsigned char>& k_pool, std::vector<unsigned char>& v_pool) {
-  device_buffer dk, dv, indptr, indices, last, to_indptr, to_indices, to_last, temp;
+  device_buffer dk, dv, temp;
+  device_table from_table, to_table;
   FAIRKV_TRY(dk.upload(k_pool));
   FAIRKV_TRY(dv.upload(v_pool));
-  FAIRKV_TRY(indptr.upload(c.indptr));
-  FAIRKV_TRY(indices.upload(c.indices));
-  FAIRKV_TRY(last.upload(c.last_page_len));
-  FAIRKV_TRY(to_indptr.upload(to.indptr));
-  FAIRKV_TRY(to_indices.upload(to.indices));
-  FAIRKV_TRY(to_last.upload(to.last_page_len));
+  FAIRKV_TRY(from_table.upload(c));
+  FAIRKV_TRY(to_table.upload(to));
   device_plan dp;
   FAIRKV_TRY(dp.upload(plan));
   const fairkv::keep_plan_view view = dp.view(plan.batch(), plan.heads(), plan.capacity());
   const result r = with_dtype(c.dtype, [&](auto tag) -> result {
     using T = decltype(tag);
-    const auto from = make_paged(c, dk.get<T>(), dv.get<T>(), indptr.get<const std::int32_t>(),
-                                 indices.get<const std::int32_t>(), last.get<const std::int32_t>());
-    const auto dst = make_paged(to, dk.get<T>(), dv.get<T>(), to_indptr.get<const std::int32_t>(),
-                                to_indices.get<const std::int32_t>(), to_last.get<const std::int32_t>());
+    const auto from = from_table.view(c, dk.get<T>(), dv.get<T>());
+    const auto dst = to_table.view(to, dk.get<T>(), dv.get<T>());
     std::size_t bytes = 0;
     FAIRKV_TRY(fairkv::cuda::compact_into(nullptr, bytes, view, from.as_const(), dst));
     FAIRKV_TRY(temp.allocate(bytes));

@@ -24,6 +24,8 @@ struct device_info {
 // cuda::plan's size query with the allocator only the CPU implements: allocators::debias.
 [[nodiscard]] fairkv::result gpu_plan_cpu_only(const host_case& c);
 [[nodiscard]] int cuda_max_segments();                            // fairkv::cuda::max_segments
+// cuda::planner<...>::can_implement of the case's kv_view (no lengths on it) given host `lengths` (host only).
+[[nodiscard]] fairkv::result gpu_plan_with_lengths(const host_case& c, const std::vector<std::int32_t>& lengths);
 // cuda::planner<...>::can_implement on the case (the handle's own entry point; host only).
 [[nodiscard]] fairkv::result gpu_planner_can_implement(const host_case& c);
 
@@ -41,14 +43,21 @@ struct device_info {
 [[nodiscard]] fairkv::result gpu_plan_paged(const host_case& c, const paged_case& pages,
                                             const std::vector<std::int32_t>& lengths, std::int64_t window,
                                             fairkv::keep_plan& out, fairkv::result& verdict);
+// cuda::plan over the case's own K as a padded kv_view: `device_lengths` are the view's lengths (uploaded),
+// `lengths` the host copy handed to the planner; otherwise as gpu_plan_paged.
+[[nodiscard]] fairkv::result gpu_plan_padded(const host_case& c, const std::vector<std::int32_t>& device_lengths,
+                                             const std::vector<std::int32_t>& lengths, std::int64_t window,
+                                             fairkv::keep_plan& out, fairkv::result& verdict);
 // cuda::planner as a handle: initialize() once, then run() twice on one stream (the output is overwritten with
 // garbage in between), each plan downloaded.
 [[nodiscard]] fairkv::result gpu_plan_handle(const host_case& c, fairkv::keep_plan& first, fairkv::keep_plan& second);
 // cuda::score of the case's scorer on its inputs: scores[(b * heads + h) * tokens + t].
 [[nodiscard]] fairkv::result gpu_score(const host_case& c, std::vector<float>& scores);
-// Compacts the case's K and V (k and v: the case's bytes in, the compacted bytes out) with `plan`.
+// Compacts the case's K and V (k and v: the case's bytes in, the compacted bytes out) with `plan`; `lengths`: as
+// a padded batch whose device lengths (both views') are these. Returns read_compact_status.
 [[nodiscard]] fairkv::result gpu_compact(const host_case& c, const fairkv::keep_plan& plan,
-                                         std::vector<unsigned char>& k, std::vector<unsigned char>& v);
+                                         std::vector<unsigned char>& k, std::vector<unsigned char>& v,
+                                         const std::vector<std::int32_t>* lengths = nullptr);
 [[nodiscard]] fairkv::result gpu_compact_paged(const paged_case& c, const fairkv::keep_plan& plan,
                                                std::vector<unsigned char>& k_pool,
                                                std::vector<unsigned char>& v_pool);

@@ -258,16 +258,19 @@ template <class T>
   return in;
 }
 
-// The case's inputs over paged keys of sequences up to c.tokens long (the longest): the same buffers, read as a
-// ragged batch reads them. The window's queries and the attention rows are the first `window` of each (head,
-// sequence) stored (window at most the shortest sequence), and the attention's leading dimension is c.tokens.
-template <class T>
-[[nodiscard]] fairkv::layer_inputs<fairkv::paged_side<const T>> make_paged_inputs(
-    const host_case& c, const fairkv::paged_side<const T>& keys, std::int64_t window, const float* queries,
-    const float* attention, const float* column_sums, const float* scores, const float* local_column_sums) {
+// The case's inputs over keys of a ragged batch, sequences up to c.tokens long (the longest): paged keys, or the
+// case's own K as a padded kv_view (with lengths). The same buffers, read as a ragged batch reads them: the
+// window's queries and the attention rows are the first `window` of each (head, sequence) stored (window at most
+// the shortest sequence), and the attention's leading dimension is c.tokens.
+template <class Keys>
+[[nodiscard]] fairkv::layer_inputs<Keys> make_ragged_inputs(const host_case& c, const Keys& keys, std::int64_t window,
+                                                            const float* queries, const float* attention,
+                                                            const float* column_sums, const float* scores,
+                                                            const float* local_column_sums) {
+  using T = typename Keys::value_type;
   const auto dense = make_inputs<T>(c, static_cast<const T*>(nullptr), queries, attention, column_sums, scores,
                                     local_column_sums);
-  fairkv::layer_inputs<fairkv::paged_side<const T>> in{keys};
+  fairkv::layer_inputs<Keys> in{keys};
   in.queries = dense.queries;
   if (in.queries.data != nullptr) in.queries.tokens = window;
   in.attention = dense.attention;

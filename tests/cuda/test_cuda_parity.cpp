@@ -250,9 +250,11 @@ void use_requests(std::mt19937& rng, host_case& c, const std::vector<std::int32_
                        : fairkv::keep_target::of_ratio(ratios[rng() % 5]);
     if (b == 0 || !shared_target) c.targets.push_back(t);
     const std::int64_t n_keep = c.targets.back().n_keep(L);
-    const std::vector<fairkv::segment> seg = random_segments(rng, c.allocator, L);
-    const std::vector<std::int32_t> wl = uses_whitelist(c.allocator) ? random_whitelist(rng, L, n_keep)
-                                                                      : std::vector<std::int32_t>{};
+    // An empty sequence (an idle slot) takes no lists.
+    const std::vector<fairkv::segment> seg =
+        L > 0 ? random_segments(rng, c.allocator, L) : std::vector<fairkv::segment>{};
+    const std::vector<std::int32_t> wl = uses_whitelist(c.allocator) && L > 0 ? random_whitelist(rng, L, n_keep)
+                                                                               : std::vector<std::int32_t>{};
     std::int64_t hard = static_cast<std::int64_t>(std::set<std::int32_t>(wl.begin(), wl.end()).size());
     for (const fairkv::segment& g : seg) hard += std::min<std::int64_t>(g.size(), 2 * c.protect.boundary);
     if (hard > n_keep || hard > 1000) c.protect.boundary = 0;  // sinks and boundaries are the policy's, for all
@@ -272,8 +274,9 @@ void use_requests(std::mt19937& rng, host_case& c, const std::vector<std::int32_
 
 // A ragged paged batch holding a dense case's keys: sequence b is the first lengths[b] tokens of c's sequence b,
 // in pages of a random size at shuffled ids of an NHD or HND pool with spare pages (random bytes elsewhere).
-// Sequences 0 and 1 share their first full pages, sometimes (those hold sequence 1's keys: planning only reads).
-paged_case paginate(std::mt19937& rng, const host_case& c, const std::vector<std::int32_t>& lengths) {
+// Sequences 0 and 1 share their first full pages, sometimes (those hold sequence 1's keys: planning only reads);
+// c's K then holds what the pages hold, so c's K as a padded view is the same batch.
+paged_case paginate(std::mt19937& rng, host_case& c, const std::vector<std::int32_t>& lengths) {
   paged_case p;
   p.dtype = c.dtype;
   p.layout = rng() % 2 ? fairkv::page_layout::hnd : fairkv::page_layout::nhd;
@@ -314,6 +317,12 @@ paged_case paginate(std::mt19937& rng, const host_case& c, const std::vector<std
         for (std::int64_t t = 0; t < lengths[static_cast<std::size_t>(b)]; ++t)
           for (std::int64_t e = 0; e < c.head_dim; ++e)
             paged.row(b, h, t)[e * paged.stride_dim] = dense.row(b, h, t)[e * dense.stride_dim];
+    const auto back = make_view(c, reinterpret_cast<T*>(c.k_bytes.data()));
+    for (std::int64_t b = 0; b < c.batch; ++b)
+      for (std::int64_t h = 0; h < c.heads; ++h)
+        for (std::int64_t t = 0; t < lengths[static_cast<std::size_t>(b)]; ++t)
+          for (std::int64_t e = 0; e < c.head_dim; ++e)
+            back.row(b, h, t)[e * back.stride_dim] = paged.row(b, h, t)[e * paged.stride_dim];
   });
   return p;
 }
@@ -325,9 +334,23 @@ result cpu_plan_paged(const host_case& c, paged_case& p, std::int64_t window, fa
     const auto pv = make_paged(p, reinterpret_cast<const T*>(p.k_pool.data()),
                                reinterpret_cast<const T*>(p.v_pool.data()), p.indptr.data(), p.indices.data(),
                                p.last_page_len.data());
-    const auto in = make_paged_inputs<T>(c, pv.keys(), window, c.queries.data(), c.attention.data(),
-                                         c.column_sums.data(), c.scores.empty() ? nullptr : c.scores.data(),
-                                         c.local_column_sums.data());
+    const auto in = make_ragged_inputs(c, pv.keys(), window, c.queries.data(), c.attention.data(),
+                                       c.column_sums.data(), c.scores.empty() ? nullptr : c.scores.data(),
+                                       c.local_column_sums.data());
+    if (!c.targets.empty()) return fairkv::cpu::plan(pol, in, c.requests(), out);
+    return fairkv::cpu::plan(pol, in, c.segments, c.whitelist, target, out);
+  }); });
+}
+
+// cpu::plan over the case's own K as a padded batch: sequence b holds lengths[b] of its c.tokens slots.
+result cpu_plan_padded(const host_case& c, const std::vector<std::int32_t>& lengths, std::int64_t window,
+                       fairkv::keep_plan& out) {
+  return with_target(c, [&](auto target) { return with_policy(c, [&](const auto& pol, auto tag) -> result {
+    using T = decltype(tag);
+    auto keys = make_view(c, reinterpret_cast<const T*>(c.k_bytes.data()));
+    keys.lengths = lengths.data();
+    const auto in = make_ragged_inputs(c, keys, window, c.queries.data(), c.attention.data(), c.column_sums.data(),
+                                       c.scores.empty() ? nullptr : c.scores.data(), c.local_column_sums.data());
     if (!c.targets.empty()) return fairkv::cpu::plan(pol, in, c.requests(), out);
     return fairkv::cpu::plan(pol, in, c.segments, c.whitelist, target, out);
   }); });
@@ -355,12 +378,15 @@ result cpu_plan(const host_case& c, fairkv::keep_plan& out) {
   });
 }
 
+// `lengths`: K and V as a padded batch holding these lengths.
 result cpu_compact(const host_case& c, const fairkv::keep_plan& plan, std::vector<unsigned char>& k,
-                   std::vector<unsigned char>& v) {
+                   std::vector<unsigned char>& v, const std::vector<std::int32_t>* lengths = nullptr) {
   return with_dtype(c.dtype, [&](auto tag) -> result {
     using T = decltype(tag);
-    return fairkv::cpu::compact(plan.view(), make_view(c, reinterpret_cast<T*>(k.data())),
-                                make_view(c, reinterpret_cast<T*>(v.data())));
+    auto kv = make_view(c, reinterpret_cast<T*>(k.data()));
+    auto vv = make_view(c, reinterpret_cast<T*>(v.data()));
+    if (lengths != nullptr) kv.lengths = vv.lengths = lengths->data();
+    return fairkv::cpu::compact(plan.view(), kv, vv);
   });
 }
 
@@ -381,10 +407,11 @@ bool same_plan(const fairkv::keep_plan& a, const fairkv::keep_plan& b, std::stri
 
 // Compacts copies of the case's K and V with `plan` on both backends: bit-identical bytes, including untouched
 // slots and padding.
-void check_compaction_parity(const host_case& c, const fairkv::keep_plan& plan) {
+void check_compaction_parity(const host_case& c, const fairkv::keep_plan& plan,
+                             const std::vector<std::int32_t>* lengths = nullptr) {
   std::vector<unsigned char> ck = c.k_bytes, cv = c.v_bytes, gk = c.k_bytes, gv = c.v_bytes;
-  REQUIRE(cpu_compact(c, plan, ck, cv).ok());
-  const result gc = gpu_compact(c, plan, gk, gv);
+  REQUIRE(cpu_compact(c, plan, ck, cv, lengths).ok());
+  const result gc = gpu_compact(c, plan, gk, gv, lengths);
   REQUIRE_MESSAGE(gc.ok(), std::string(gc.message()));
   CHECK(ck == gk);
   CHECK(cv == gv);
@@ -406,18 +433,13 @@ void check_exact_parity(const host_case& c, bool graph = false) {
 
 // Runs an attention case on both backends. Dot products and exp differ from Eigen/libm in the last bits, so the
 // plans may differ by a few swaps of near-tied tokens (returns false); anything else fails. True: identical plans.
-bool attention_parity(const host_case& c) {
-  fairkv::keep_plan want, got;
-  const bool requests = !c.targets.empty();
-  const result cr = requests ? cpu_plan_requests(c, want) : cpu_plan(c, want);
-  REQUIRE_MESSAGE(cr.ok(), std::string(cr.message()));
-  const result gr = requests ? gpu_plan_requests(c, got) : gpu_plan(c, got);
-  REQUIRE_MESSAGE(gr.ok(), std::string(gr.message()));
+// Attention plans of two backends (or two key layouts): true when identical; otherwise the counts must match
+// exactly (budgets are integer arithmetic) and only near-tie swaps are allowed.
+bool same_but_near_ties(const fairkv::keep_plan& want, const fairkv::keep_plan& got) {
   std::string why;
   if (same_plan(want, got, why)) return true;
-  // Counts must match exactly (budgets are integer arithmetic); only near-tie swaps are allowed.
-  for (std::int64_t b = 0; b < c.batch; ++b)
-    for (std::int64_t h = 0; h < c.heads; ++h) {
+  for (std::int64_t b = 0; b < want.batch(); ++b)
+    for (std::int64_t h = 0; h < want.heads(); ++h) {
       CHECK(want.count(b, h) == got.count(b, h));
       const auto x = want.kept(b, h), y = got.kept(b, h);
       std::vector<std::int32_t> diff;
@@ -425,6 +447,16 @@ bool attention_parity(const host_case& c) {
       CHECK_MESSAGE(diff.size() <= 4u + x.size() / 50u, why);
     }
   return false;
+}
+
+bool attention_parity(const host_case& c) {
+  fairkv::keep_plan want, got;
+  const bool requests = !c.targets.empty();
+  const result cr = requests ? cpu_plan_requests(c, want) : cpu_plan(c, want);
+  REQUIRE_MESSAGE(cr.ok(), std::string(cr.message()));
+  const result gr = requests ? gpu_plan_requests(c, got) : gpu_plan(c, got);
+  REQUIRE_MESSAGE(gr.ok(), std::string(gr.message()));
+  return same_but_near_ties(want, got);
 }
 
 // A random valid plan (ascending subsets) of `capacity` slots for compaction tests.
@@ -988,10 +1020,10 @@ TEST_SUITE("cuda_parity") {
     CHECK(attention_exact * 10 >= attention * 8);
   }
 
-  TEST_CASE("cuda parity: paged keys of a ragged batch (NHD and HND), one list or per-request lists" *
+  TEST_CASE("cuda parity: ragged batches, paged (NHD and HND) and padded, one list or per-request lists" *
             doctest::skip(no_device)) {
     std::mt19937 rng(5309);
-    int cases = 0, attention = 0, attention_exact = 0, requests = 0;
+    int cases = 0, attention = 0, attention_exact = 0, requests = 0, idle = 0;
     for (int rep = 0; rep < (quick ? 1 : 2); ++rep)
       for (const scorer_id s : {scorer_id::knorm, scorer_id::streaming_llm, scorer_id::external, scorer_id::snapkv,
                                 scorer_id::tova, scorer_id::h2o})
@@ -1014,8 +1046,16 @@ TEST_SUITE("cuda_parity") {
             std::vector<std::int32_t> lengths;
             for (std::int64_t b = 0; b < c.batch; ++b)
               lengths.push_back(static_cast<std::int32_t>(floor + rng() % static_cast<unsigned>(c.tokens - floor + 1)));
-            lengths[rng() % lengths.size()] = static_cast<std::int32_t>(c.tokens);  // the longest fills the plan
-            const std::int32_t shortest = *std::min_element(lengths.begin(), lengths.end());
+            const std::size_t longest = rng() % lengths.size();
+            lengths[longest] = static_cast<std::int32_t>(c.tokens);  // the longest fills the plan
+            // An idle slot (no tokens), sometimes: it plans to nothing and takes no lists.
+            if (c.batch >= 2 && a != allocator_id::fair_paper && rng() % 4 == 0) {
+              lengths[(longest + 1 + rng() % static_cast<unsigned>(c.batch - 1)) % lengths.size()] = 0;
+              ++idle;
+            }
+            std::int32_t shortest = static_cast<std::int32_t>(c.tokens);  // of the sequences with tokens
+            for (const std::int32_t L : lengths)
+              if (L > 0) shortest = std::min(shortest, L);
             c.target.reset();
             if (rng() % 2 == 0) {
               use_requests(rng, c, lengths);
@@ -1040,33 +1080,38 @@ TEST_SUITE("cuda_parity") {
             const std::int64_t window = attn ? shortest : 1 + static_cast<std::int64_t>(rng() % static_cast<unsigned>(shortest));
             CAPTURE(c.name);
             CAPTURE(window);
-            fairkv::keep_plan want, got;
+            // The same batch twice: paged, and the case's own K as a padded kv_view (its c.tokens slots per
+            // sequence, lengths in device memory).
+            fairkv::keep_plan want, got, want_padded, got_padded;
             const result cr = cpu_plan_paged(c, p, window, want);
             REQUIRE_MESSAGE(cr.ok(), std::string(cr.message()));
-            result verdict;
+            const result cp = cpu_plan_padded(c, lengths, window, want_padded);
+            REQUIRE_MESSAGE(cp.ok(), std::string(cp.message()));
+            result verdict, padded_verdict;
             const result gr = gpu_plan_paged(c, p, lengths, window, got, verdict);
             REQUIRE_MESSAGE(gr.ok(), std::string(gr.message()));
             REQUIRE_MESSAGE(verdict.ok(), std::string(verdict.message()));
-            std::string why;
-            const bool same = same_plan(want, got, why);
+            const result gp = gpu_plan_padded(c, lengths, lengths, window, got_padded, padded_verdict);
+            REQUIRE_MESSAGE(gp.ok(), std::string(gp.message()));
+            REQUIRE_MESSAGE(padded_verdict.ok(), std::string(padded_verdict.message()));
             ++cases;
             if (!attn) {
-              CHECK_MESSAGE(same, why);
+              std::string why;
+              CHECK_MESSAGE(same_plan(want, got, why), why);
+              CHECK_MESSAGE(same_plan(want, want_padded, why), why);
+              CHECK_MESSAGE(same_plan(want, got_padded, why), why);
+              if (cases % 3 == 0) check_compaction_parity(c, want_padded, &lengths);
               continue;
             }
-            ++attention;
-            attention_exact += same ? 1 : 0;
-            for (std::int64_t b = 0; b < c.batch; ++b)  // near-tie swaps only, the counts exact
-              for (std::int64_t h = 0; h < c.heads; ++h) {
-                CHECK(want.count(b, h) == got.count(b, h));
-                const auto x = want.kept(b, h), y = got.kept(b, h);
-                std::vector<std::int32_t> diff;
-                std::set_symmetric_difference(x.begin(), x.end(), y.begin(), y.end(), std::back_inserter(diff));
-                CHECK_MESSAGE(diff.size() <= 4u + x.size() / 50u, why);
-              }
+            attention += 2;
+            attention_exact += same_but_near_ties(want, got) ? 1 : 0;
+            attention_exact += same_but_near_ties(want_padded, got_padded) ? 1 : 0;
+            same_but_near_ties(want, want_padded);  // one backend, two layouts of the same keys
           }
-    MESSAGE(cases << " ragged paged batches (" << requests << " with per-request lists), " << attention
-                  << " attention, " << attention_exact << " of them bit-identical");
+    CHECK(idle > 10);
+    MESSAGE(cases << " ragged batches, paged and padded (" << requests << " with per-request lists, " << idle
+                  << " with an empty sequence), " << attention
+                  << " attention plans, " << attention_exact << " of them bit-identical");
     CHECK(attention_exact * 10 >= attention * 8);
   }
 
@@ -1087,7 +1132,10 @@ TEST_SUITE("cuda_parity") {
     wrong[2] = 6;
     REQUIRE(gpu_plan_paged(c, good, wrong, 1, got, verdict).ok());
     CHECK(verdict.code() == status::invalid_argument);
-    CHECK(std::string(verdict.message()) == "inputs.keys: sequence 2 has 7 tokens in its page table but lengths[2] = 6");
+    const std::string mismatch =
+        "inputs.keys: sequence 2 has 7 tokens in device memory (its page table, or inputs.keys.lengths) but "
+        "lengths[2] = 6";
+    CHECK(std::string(verdict.message()) == mismatch);
     // A page id outside the pool: reported, and no kernel reads through it (a real device would fault).
     paged_case bad = good;
     bad.indices[1] = static_cast<std::int32_t>(bad.num_pages + 1000000);
@@ -1098,8 +1146,64 @@ TEST_SUITE("cuda_parity") {
     const result missing = gpu_plan_paged(c, good, {}, 1, got, verdict);
     CHECK(missing.code() == status::invalid_argument);
     CHECK(std::string(missing.message()).find("host copy of every sequence's length") != std::string::npos);
-    const result empty = gpu_plan_paged(c, good, {static_cast<std::int32_t>(c.tokens), 0, 7}, 1, got, verdict);
+    // The host says sequence 1 is empty, its table holds 5 tokens: an empty sequence is planned (to nothing), so
+    // the device reports the disagreement; a batch with nothing in it is refused.
+    REQUIRE(gpu_plan_paged(c, good, {static_cast<std::int32_t>(c.tokens), 0, 7}, 1, got, verdict).ok());
+    CHECK(std::string(verdict.message()) ==
+          "inputs.keys: sequence 1 has 5 tokens in device memory (its page table, or inputs.keys.lengths) but "
+          "lengths[1] = 0");
+    const result empty = gpu_plan_paged(c, good, {0, 0, 0}, 1, got, verdict);
     CHECK(empty.code() == status::empty_cache);
+    CHECK(std::string(empty.message()) == "all 3 sequences of inputs.keys are empty");
+    // A padded kv_view: its device lengths against the host's, and the host's within the view.
+    REQUIRE(gpu_plan_padded(c, lengths, lengths, 1, got, verdict).ok());
+    CHECK_MESSAGE(verdict.ok(), std::string(verdict.message()));
+    REQUIRE(gpu_plan_padded(c, lengths, wrong, 1, got, verdict).ok());
+    CHECK(std::string(verdict.message()) == mismatch);
+    const result no_host = gpu_plan_padded(c, lengths, {}, 1, got, verdict);
+    CHECK(no_host.code() == status::invalid_argument);
+    CHECK(std::string(no_host.message())
+              .find("are padded (inputs.keys.lengths in device memory): give the host copy") != std::string::npos);
+    std::vector<std::int32_t> past = lengths;
+    past[1] = static_cast<std::int32_t>(c.tokens + 1);
+    const result beyond = gpu_plan_padded(c, past, past, 1, got, verdict);
+    CHECK(beyond.code() == status::invalid_shape);
+    CHECK(std::string(beyond.message()).find("lengths[1] = " + std::to_string(c.tokens + 1) + " exceeds the " +
+                                             std::to_string(c.tokens) + " token slots") != std::string::npos);
+    const result unpadded = gpu_plan_with_lengths(c, lengths);
+    CHECK(unpadded.code() == status::invalid_argument);
+    CHECK(std::string(unpadded.message()).find("lengths were given for a kv_view without lengths") !=
+          std::string::npos);
+  }
+
+  TEST_CASE("cuda parity: padded compaction checks the views' device lengths before moving a row" *
+            doctest::skip(no_device)) {
+    std::mt19937 rng(12);
+    host_case c = random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::uniform, dtype_id::f16, 3);
+    while (c.tokens < 8)
+      c = random_case(rng, scorer_id::knorm, selector_id::per_head, allocator_id::uniform, dtype_id::f16, 3);
+    c.target.reset();
+    const std::vector<std::int32_t> lengths = {5, static_cast<std::int32_t>(c.tokens), 1};
+    fairkv::keep_plan plan;
+    REQUIRE(cpu_plan_padded(c, lengths, 1, plan).ok());
+    check_compaction_parity(c, plan, &lengths);
+    // Lengths past the view (which the host cannot read): reported, nothing written. Other lengths than the plan's:
+    // the CPU's refusal.
+    std::vector<std::int32_t> past = lengths;
+    past[2] = static_cast<std::int32_t>(c.tokens + 3);
+    std::vector<unsigned char> gk = c.k_bytes, gv = c.v_bytes;
+    result r = gpu_compact(c, plan, gk, gv, &past);
+    CHECK(r.code() == status::invalid_shape);
+    CHECK(std::string(r.message()) == "view: lengths[2] = " + std::to_string(c.tokens + 3) + " is outside [0, tokens " +
+                                          std::to_string(c.tokens) + "]");
+    std::vector<std::int32_t> other = lengths;
+    other[0] = 4;
+    r = gpu_compact(c, plan, gk, gv, &other);
+    CHECK(r.code() == status::invalid_plan);
+    std::vector<unsigned char> ck = c.k_bytes, cv = c.v_bytes;
+    CHECK(cpu_compact(c, plan, ck, cv, &other).code() == status::invalid_plan);
+    CHECK(gk == c.k_bytes);
+    CHECK(gv == c.v_bytes);
   }
 
   TEST_CASE("cuda parity: attention scorers (near-ties aside, the same plans)" * doctest::skip(no_device)) {

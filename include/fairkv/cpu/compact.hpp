@@ -87,6 +87,8 @@ template <executor E, class T>
   // The same memory twice (or K and V overlapping) would be moved twice and corrupt both.
   FAIRKV_TRY(fairkv::detail::check_disjoint(fairkv::detail::footprint_of(keys), "keys",
                                             fairkv::detail::footprint_of(values), "values"));
+  FAIRKV_TRY(validate_host_lengths(keys, "keys"));
+  FAIRKV_TRY(validate_host_lengths(values, "values"));
   FAIRKV_TRY(detail::check_extents(plan, keys, "keys"));
   FAIRKV_TRY(detail::check_extents(plan, values, "values"));
   FAIRKV_TRY(detail::check_not_applied(plan));

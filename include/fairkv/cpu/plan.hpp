@@ -143,15 +143,9 @@ template <class S, class KeySource, class Q>
 [[nodiscard]] result score(const S& scorer, const layer_inputs<KeySource, Q>& in, float* scores,
                            std::int64_t ld) noexcept {
   static_assert(Scorer<S>, "fairkv::cpu::score: S must satisfy fairkv::Scorer");
-  FAIRKV_TRY(fairkv::detail::validate_keys<S>(in));
+  std::int64_t max_tokens = 0, min_tokens = 0;
+  FAIRKV_TRY(fairkv::detail::validate_lengths<S>(in, min_tokens, max_tokens));
   if (scores == nullptr) return result::error(status::null_pointer, "scores is null");
-  std::int64_t max_tokens = 0, min_tokens = INT64_MAX;
-  for (std::int64_t b = 0; b < in.keys.batch; ++b) {
-    const std::int64_t L = in.keys.tokens_of(b);
-    if (L == 0) return result::error(status::empty_cache, "sequence %lld has no tokens", static_cast<long long>(b));
-    max_tokens = std::max(max_tokens, L);
-    min_tokens = std::min(min_tokens, L);
-  }
   if (ld < max_tokens)
     return result::error(status::invalid_shape, "ld = %lld is smaller than the longest sequence (%lld)",
                          static_cast<long long>(ld), static_cast<long long>(max_tokens));
@@ -161,8 +155,9 @@ template <class S, class KeySource, class Q>
   try {
     std::vector<float> tmp(static_cast<std::size_t>(detail::scratch_floats<S>(max_tokens)));
     for (std::int64_t b = 0; b < in.keys.batch; ++b)
-      FAIRKV_TRY(detail::score_region(scorer, in, b, in.keys.tokens_of(b), 0, in.keys.tokens_of(b),
-                                      scores + b * in.keys.heads * ld, ld, tmp.data()));
+      if (in.keys.tokens_of(b) > 0)  // an empty sequence has no scores
+        FAIRKV_TRY(detail::score_region(scorer, in, b, in.keys.tokens_of(b), 0, in.keys.tokens_of(b),
+                                        scores + b * in.keys.heads * ld, ld, tmp.data()));
   } catch (const std::bad_alloc&) {
     return result::error(status::out_of_memory, "out of host memory for the scoring scratch");
   }
@@ -196,11 +191,18 @@ template <executor E, class S, class Sel, class A, class KeySource, class Q, cla
   if (out.state != nullptr) out.state->applied = false;  // a new plan in a reused keep_plan is not spent
   layout<S, Sel, A>(carver::align_base(workspace), w, in.keys.heads, max_tokens, n_segments, tasks);
   std::span<const segment> sorted_for{};  // the list w.sorted holds: sorted once when every sequence shares it
+  bool sorted_any = false;
   for (std::int64_t b = 0; b < in.keys.batch; ++b) {
+    if (in.keys.tokens_of(b) == 0) {  // an idle slot: nothing to keep, and the batch's lists do not apply
+      std::fill(out.counts + b * in.keys.heads, out.counts + (b + 1) * in.keys.heads, 0);
+      out.lengths[b] = 0;
+      continue;
+    }
     const sequence_lists l = lists_of(b);
-    if (b == 0 || l.segments.data() != sorted_for.data() || l.segments.size() != sorted_for.size()) {
+    if (!sorted_any || l.segments.data() != sorted_for.data() || l.segments.size() != sorted_for.size()) {
       fairkv::detail::sort_segments(l.segments, w.sorted, w.origin);
       sorted_for = l.segments;
+      sorted_any = true;
     }
     FAIRKV_TRY(plan_sequence(ex, pol, in, l.segments, l.whitelist, *l.target, b, max_tokens, w, out));
   }
@@ -243,9 +245,8 @@ template <executor E, class S, class Sel, class A, class KeySource, class Q>
   FAIRKV_TRY((fairkv::detail::validate_score_source<S, A>()));
   std::int64_t n_segments = 0;
   for (std::int64_t b = 0; b < in.keys.batch; ++b) {
-    result r = fairkv::detail::validate_target(requests.target_of(b));
-    if (r.ok()) r = fairkv::detail::validate_lists<A>(requests.segments_of(b), requests.whitelist_of(b),
-                                                      in.keys.tokens_of(b));
+    const result r = fairkv::detail::validate_request_lists<A>(requests.segments_of(b), requests.whitelist_of(b),
+                                                               requests.target_of(b), in.keys.tokens_of(b));
     if (!r.ok()) return result::error(r.code(), "sequence %lld: %s", static_cast<long long>(b), r.message());
     n_segments = std::max(n_segments, static_cast<std::int64_t>(requests.segments_of(b).size()));
   }

@@ -16,7 +16,7 @@
 
 namespace fairkv::cpu {
 
-// `keys` is the view that was compacted (tokens = the plan's lengths); only slots [0, count) are touched.
+// `keys` is the view that was compacted (its sequences' lengths = the plan's); only slots [0, count) are touched.
 template <class T>
 [[nodiscard]] result rerotate_keys(const_keep_plan_view plan, kv_view<T> keys, const rope_params& rope) noexcept {
   static_assert(!std::is_const_v<T>, "fairkv::cpu::rerotate_keys writes the keys: pass a view of non-const elements");
@@ -33,10 +33,11 @@ template <class T>
     return result::error(status::invalid_plan, "keys are [batch %lld, heads %lld] but the plan is [%lld, %lld]",
                          static_cast<long long>(keys.batch), static_cast<long long>(keys.heads),
                          static_cast<long long>(plan.batch), static_cast<long long>(plan.heads));
+  FAIRKV_TRY(validate_host_lengths(keys, "keys"));
   for (std::int64_t b = 0; b < plan.batch; ++b)
-    if (keys.tokens != plan.lengths[b])
-      return result::error(status::invalid_plan, "keys have %lld tokens but the plan was made for %d",
-                           static_cast<long long>(keys.tokens), plan.lengths[b]);
+    if (keys.tokens_of(b) != plan.lengths[b])
+      return result::error(status::invalid_plan, "keys sequence %lld has %lld tokens but the plan was made for %d",
+                           static_cast<long long>(b), static_cast<long long>(keys.tokens_of(b)), plan.lengths[b]);
   const std::int64_t half = rd / 2;
   for (std::int64_t b = 0; b < plan.batch; ++b)
     for (std::int64_t h = 0; h < plan.heads; ++h) {

@@ -39,11 +39,19 @@
 namespace fairkv::cuda {
 namespace detail {
 
-// One block per (batch, head) row. `tokens` < 0: take each sequence's length from the paged side.
+// One block per (batch, head) row. `tokens` < 0: take each sequence's length from the side (its page table, or a
+// padded kv_view's lengths, which must lie inside the view before any row is addressed through them).
 template <class Side>
 __global__ void validate_plan_kernel(const_keep_plan_view plan, Side side, std::int64_t tokens, device_verdict* st) {
   const std::int64_t row = blockIdx.x, b = row / plan.heads, h = row % plan.heads;
   const std::int64_t len = tokens >= 0 ? tokens : side.tokens_of(b);
+  if constexpr (requires { side.lengths; }) {
+    if (len < 0 || len > side.tokens) {
+      if (h == 0 && threadIdx.x == 0)
+        report(st, view_bad_length, static_cast<int>(b), static_cast<int>(len), static_cast<int>(side.tokens));
+      return;
+    }
+  }
   if (h == 0 && threadIdx.x == 0 && plan.lengths[b] != len)
     report(st, compact_length_mismatch, static_cast<int>(b), -1, static_cast<int>(len));
   const std::int32_t n = plan.counts[row];
@@ -216,6 +224,10 @@ template <class T, class SideK, class SideV>
   // Validated even when nothing can move (capacity 0), so read_compact_status reports a bad plan as the CPU does.
   FAIRKV_TRY(launch(validate_plan_kernel<SideK>, static_cast<unsigned>(plan.rows()), 256, 0, stream, plan, k, tokens,
                     w.state));
+  if constexpr (requires { v.lengths; })  // a padded V with its own lengths array: the plan against it too
+    if (v.lengths != k.lengths)
+      FAIRKV_TRY(launch(validate_plan_kernel<SideV>, static_cast<unsigned>(plan.rows()), 256, 0, stream, plan, v,
+                        tokens, w.state));
   if constexpr (requires { k.indptr; })
     FAIRKV_TRY(launch(validate_pages_kernel<T>, 64, 256, 0, stream, k, w.state, w.page_owner));
   if (items == 0) return {};
@@ -240,7 +252,8 @@ template <class T, class SideK, class SideV>
 
 }  // namespace detail
 
-// Dense or strided K and V (they may have different strides, e.g. transposed V). Two-phase temp storage.
+// Dense, strided or padded K and V (they may have different strides, e.g. transposed V; a padded view's lengths
+// are device memory, checked on the device against the plan's). Two-phase temp storage.
 template <class T>
 [[nodiscard]] result compact(void* d_temp_storage, std::size_t& temp_storage_bytes, const_keep_plan_view plan,
                              kv_view<T> keys, kv_view<T> values, cudaStream_t stream = nullptr) noexcept {
@@ -257,8 +270,10 @@ template <class T>
     return result::error(status::invalid_shape, "keys are [tokens %lld, head_dim %lld] but values are [%lld, %lld]",
                          static_cast<long long>(keys.tokens), static_cast<long long>(keys.head_dim),
                          static_cast<long long>(values.tokens), static_cast<long long>(values.head_dim));
+  // A padded batch: each sequence's length is read from the views' device lengths (checked against the plan's).
+  const bool padded = keys.lengths != nullptr || values.lengths != nullptr;
   return detail::launch_compact<T>(d_temp_storage, temp_storage_bytes, plan, keys, values, keys.head_dim,
-                                   keys.tokens, stream);
+                                   padded ? -1 : keys.tokens, stream);
 }
 
 // Paged K and V: tokens move within each sequence's own pages; the page tables are device memory and are
@@ -285,6 +300,9 @@ template <class T>
     case detail::compact_length_mismatch:
       return result::error(status::invalid_plan, "view sequence %d has %d tokens but the plan was made for another length",
                            st.a, st.c);
+    case detail::view_bad_length:
+      return result::error(status::invalid_shape, "view: lengths[%d] = %d is outside [0, tokens %d]", st.a, st.b,
+                           st.c);
     case detail::compact_bad_count:
       return result::error(status::invalid_plan, "plan: count of (batch %d, head %d) = %d exceeds its length", st.a,
                            st.b, st.c);

@@ -57,8 +57,9 @@ namespace fairkv::cuda {
 // arrays (detail/params.cuh states the limits). `target` is a ratio or a token budget (fairkv/budget.hpp); a
 // double in its place is a ratio, so `{policy, inputs, segments, whitelist, 0.5, out}` means what it always did.
 // `requests` (host, optional): each sequence's own segments, whitelist and target instead of the three above,
-// which must then be left empty (the target is ignored). `lengths` (host): for paged keys, every sequence's
-// token count as their page table says (the table itself is device memory); empty for a kv_view.
+// which must then be left empty (the target is ignored). `lengths` (host): for paged keys and padded
+// kv_views (inputs.keys.lengths set), every sequence's token count as the device's arrays say; empty for a
+// kv_view whose sequences all have its tokens.
 template <class Policy, class Inputs>
 struct plan_arguments {
   Policy policy;
@@ -167,7 +168,10 @@ class planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>> {
     if constexpr (!is_dense_view_v<KeySource>) {  // the page tables, before any kernel reads through them
       FAIRKV_TRY(launch(validate_pages_kernel<const T>, 64, 256, 0, stream, inputs_.keys, w.verdict,
                         static_cast<int*>(nullptr)));
-      FAIRKV_TRY(launch(check_lengths_kernel<const T>, grid_for(bp.batch, 256), 256, 0, stream, inputs_.keys, bp,
+      FAIRKV_TRY(launch(check_lengths_kernel<KeySource>, grid_for(bp.batch, 256), 256, 0, stream, inputs_.keys, bp,
+                        w.verdict));
+    } else if (inputs_.keys.lengths != nullptr) {
+      FAIRKV_TRY(launch(check_lengths_kernel<KeySource>, grid_for(bp.batch, 256), 256, 0, stream, inputs_.keys, bp,
                         w.verdict));
     }
     FAIRKV_TRY((launch_scores<S, A, KeySource, Q>(*scorer_, inputs_, bp, keys_, w, stream)));
@@ -240,7 +244,9 @@ class planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>> {
 
 // The device's verdict on the last plan made in this temp storage: for paged keys, their page tables (ids in the
 // pool, indptr, last_page_len) and the host's lengths against them; where it is not ok, the kernels read no key
-// and the plan's contents are unspecified. Always ok for a kv_view. Synchronises `stream`: call it off the hot
+// and the plan's contents are unspecified. For a padded kv_view, its device lengths against the host's (a
+// mismatch leaves the plan unspecified; every row read lies inside the view, as the host's lengths are within its
+// tokens). Always ok for a kv_view without lengths. Synchronises `stream`: call it off the hot
 // path (debug builds, tests, the first plan over a new table).
 [[nodiscard]] inline result read_plan_status(const void* d_temp_storage, cudaStream_t stream = nullptr) noexcept {
   detail::device_verdict st{};
@@ -250,8 +256,9 @@ class planner<policy<S, Sel, A>, layer_inputs<KeySource, Q>> {
   if (st.code == detail::verdict_ok) return {};
   if (st.code == detail::keys_length_mismatch)
     return result::error(status::invalid_argument,
-                         "inputs.keys: sequence %d has %d tokens in its page table but lengths[%d] = %d", st.a, st.c,
-                         st.a, st.b);
+                         "inputs.keys: sequence %d has %d tokens in device memory (its page table, or "
+                         "inputs.keys.lengths) but lengths[%d] = %d",
+                         st.a, st.c, st.a, st.b);
   const result table = detail::table_error(st, "inputs.keys");
   if (!table.ok()) return table;
   return result::error(status::internal_error, "unknown planning status %d", st.code);

@@ -122,6 +122,11 @@ template <class S, class A, class KeySource, class Q>
                            static_cast<long long>(qh), static_cast<long long>(in.keys.heads));
     if (in.queries.data != nullptr) {
       FAIRKV_TRY(validate(in.queries, "inputs.queries"));
+      if (in.queries.lengths != nullptr)
+        return result::error(status::invalid_argument,
+                             "inputs.queries.lengths is set: the queries are the last %lld positions of every "
+                             "sequence (the keys carry the sequences' lengths)",
+                             static_cast<long long>(in.queries.tokens));
       if (in.queries.batch != in.keys.batch || in.queries.head_dim != in.keys.head_dim)
         return result::error(status::invalid_shape,
                              "inputs.queries is [batch %lld, head_dim %lld] but the keys are [batch %lld, head_dim %lld]",
@@ -204,28 +209,49 @@ template <class S, class A, class KeySource, class Q>
   return {};
 }
 
-// The keys and the batch's sequence lengths (returned in min_tokens / max_tokens).
+// A batch's sequence lengths: the shortest and the longest of its non-empty sequences. A sequence of no tokens (an
+// engine's idle slot in a ragged batch) plans to nothing, and the lists, targets and query windows of the batch
+// apply to the others; a batch with nothing in it is empty_cache.
+class length_range {
+ public:
+  void add(std::int64_t L) noexcept {
+    if (L == 0) return;
+    max_ = std::max(max_, L);
+    min_ = std::min(min_, L);
+  }
+  [[nodiscard]] result finish(std::int64_t batch, std::int64_t& min_tokens, std::int64_t& max_tokens) const noexcept {
+    if (max_ == 0)
+      return batch == 1 ? result::error(status::empty_cache, "sequence 0 of inputs.keys has no tokens")
+                        : result::error(status::empty_cache, "all %lld sequences of inputs.keys are empty",
+                                        static_cast<long long>(batch));
+    min_tokens = min_;
+    max_tokens = max_;
+    return {};
+  }
+
+ private:
+  std::int64_t min_ = INT64_MAX, max_ = 0;
+};
+
+// The keys and the batch's sequence lengths (returned in min_tokens / max_tokens: see length_range).
 template <class S, class KeySource, class Q>
 [[nodiscard]] result validate_lengths(const layer_inputs<KeySource, Q>& in, std::int64_t& min_tokens,
                                       std::int64_t& max_tokens) noexcept {
   FAIRKV_TRY(validate_keys<S>(in));
-  max_tokens = 0;
-  min_tokens = INT64_MAX;
+  if constexpr (requires { in.keys.lengths; }) FAIRKV_TRY(validate_host_lengths(in.keys, "inputs.keys"));
+  length_range range;
   for (std::int64_t b = 0; b < in.keys.batch; ++b) {
     const std::int64_t L = in.keys.tokens_of(b);
-    if (L == 0)
-      return result::error(status::empty_cache, "sequence %lld of inputs.keys has no tokens", static_cast<long long>(b));
     if (L > INT32_MAX || L * in.keys.heads > INT64_C(0xFFFFFFFF))
       return result::error(status::not_supported, "sequence %lld has %lld tokens; at most 2^32 / heads are supported",
                            static_cast<long long>(b), static_cast<long long>(L));
-    max_tokens = std::max(max_tokens, L);
-    min_tokens = std::min(min_tokens, L);
+    range.add(L);
   }
-  return {};
+  return range.finish(in.keys.batch, min_tokens, max_tokens);
 }
 
 // Segments and whitelist against what the allocator uses and against `tokens`, the length of every sequence they
-// apply to (the shortest, for one list applied to a whole batch).
+// apply to (the shortest non-empty one, for one list applied to a whole batch).
 template <class A>
 [[nodiscard]] result validate_lists(std::span<const segment> segments, std::span<const std::int32_t> whitelist,
                                     std::int64_t tokens) noexcept {
@@ -246,6 +272,19 @@ template <class A>
   FAIRKV_TRY(validate_segments(segments, tokens));
   if constexpr (is_paper_allocator_v<A>) FAIRKV_TRY(validate_paper_spans(segments, A::name));
   return validate_whitelist(whitelist, tokens);
+}
+
+// One sequence's own lists in a request batch (fairkv/request_batch.hpp): an empty sequence plans to nothing, so
+// it takes none (a list for it is the caller's mistake, not something to drop silently); its target is checked.
+template <class A>
+[[nodiscard]] result validate_request_lists(std::span<const segment> segments,
+                                            std::span<const std::int32_t> whitelist, const keep_target& target,
+                                            std::int64_t tokens) noexcept {
+  FAIRKV_TRY(validate_target(target));
+  if (tokens == 0 && (!segments.empty() || !whitelist.empty()))
+    return result::error(status::invalid_argument, "the sequence has no tokens but %zu segments and %zu whitelist "
+                         "positions were given for it", segments.size(), whitelist.size());
+  return tokens == 0 ? result{} : validate_lists<A>(segments, whitelist, tokens);
 }
 
 // The policy's own parameters and the statistics the scorer reads.

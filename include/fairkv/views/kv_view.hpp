@@ -1,6 +1,7 @@
 // A non-owning view of one layer's K (or V) in engine memory: [batch, heads, tokens, head_dim] with explicit
 // strides in elements. Covers HF-style [B, H, L, D], llama.cpp-style rows [L][H*D] and transposed V
-// ([H*D][L]: stride_d = L, stride_t = 1). fairkv never copies what a view points at.
+// ([H*D][L]: stride_d = L, stride_t = 1), and padded batches of sequences of different lengths ([B, H, Lmax, D]
+// plus each sequence's length, as batched engines keep them). fairkv never copies what a view points at.
 #pragma once
 
 #include <cstdint>
@@ -30,18 +31,22 @@ struct kv_view {
   std::int64_t stride_head = 0;
   std::int64_t stride_token = 0;
   std::int64_t stride_dim = 1;
+  // A padded batch: sequence b holds lengths[b] <= tokens tokens (rows [lengths[b], tokens) are padding, never
+  // read). Null: every sequence holds `tokens`. The array lives where `data` does (host for the CPU backend, device
+  // memory for CUDA, whose planner also takes a host copy of it, as FlashInfer's plan() takes its host indptr).
+  const std::int32_t* lengths = nullptr;
 
   [[nodiscard]] FAIRKV_HOST_DEVICE constexpr T* row(std::int64_t b, std::int64_t h, std::int64_t t) const noexcept {
     return data + b * stride_batch + h * stride_head + t * stride_token;
   }
-  [[nodiscard]] FAIRKV_HOST_DEVICE constexpr std::int64_t tokens_of(std::int64_t /*b*/) const noexcept {
-    return tokens;
+  [[nodiscard]] FAIRKV_HOST_DEVICE constexpr std::int64_t tokens_of(std::int64_t b) const noexcept {
+    return lengths != nullptr ? lengths[b] : tokens;
   }
   [[nodiscard]] FAIRKV_HOST_DEVICE constexpr bool rows_contiguous() const noexcept { return stride_dim == 1; }
 
   // A view of the same memory with const elements (what scorers read).
   [[nodiscard]] constexpr kv_view<const value_type> as_const() const noexcept {
-    return {data, batch, heads, tokens, head_dim, stride_batch, stride_head, stride_token, stride_dim};
+    return {data, batch, heads, tokens, head_dim, stride_batch, stride_head, stride_token, stride_dim, lengths};
   }
   // T* -> const T* is implicit, so is this. A template whose target names U, so neither nvcc nor clang
   // (-Wclass-conversion, on by default) sees kv_view<const T> converting to itself.
@@ -72,6 +77,16 @@ template <class T>
   using detail::saturating_mul;
   return {data, batch, heads, tokens, head_dim, saturating_mul(saturating_mul(heads, capacity), head_dim),
           saturating_mul(capacity, head_dim), head_dim, 1};
+}
+
+// A padded batch, [batch, heads, capacity, head_dim] densely packed, sequence b holding lengths[b] tokens.
+template <class T>
+[[nodiscard]] constexpr kv_view<T> make_padded_view(T* data, std::int64_t batch, std::int64_t heads,
+                                                    std::int64_t capacity, std::int64_t head_dim,
+                                                    const std::int32_t* lengths) noexcept {
+  kv_view<T> v = make_contiguous_view(data, batch, heads, capacity, head_dim);
+  v.lengths = lengths;
+  return v;
 }
 
 namespace detail {
@@ -116,6 +131,19 @@ template <class T>
                            static_cast<long long>(v.stride_batch), static_cast<long long>(v.batch - 1));
   }
   return detail::check_address_range(f, span, name);
+}
+
+// A padded view's lengths, read on the host (the CPU backend; the CUDA planner checks its host copy the same way
+// and the device array against that copy): each in [0, tokens], so no row past the view is addressed. validate()
+// cannot read them, as it also checks views of device memory.
+template <class T>
+[[nodiscard]] result validate_host_lengths(const kv_view<T>& v, const char* name) noexcept {
+  if (v.lengths == nullptr) return {};
+  for (std::int64_t b = 0; b < v.batch; ++b)
+    if (v.lengths[b] < 0 || v.lengths[b] > v.tokens)
+      return result::error(status::invalid_shape, "%s.lengths[%lld] = %d is outside [0, tokens %lld]", name,
+                           static_cast<long long>(b), v.lengths[b], static_cast<long long>(v.tokens));
+  return {};
 }
 
 }  // namespace fairkv

@@ -23,6 +23,7 @@ enum verdict_code : int {
   compact_no_room = 9,          // compact_into: a destination sequence shorter than its plan (b, room, longest)
   keys_length_mismatch = 10,    // plan over paged keys: the table's length of sequence b differs from the host's
                                 // (b, host length, table length)
+  view_bad_length = 11,         // compaction of a padded kv_view: lengths[b] outside [0, tokens] (b, length, tokens)
 };
 
 struct device_verdict {

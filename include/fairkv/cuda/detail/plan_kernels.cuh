@@ -36,14 +36,16 @@ __global__ void head_mean_kernel(const float* scores, __grid_constant__ const ba
   }
 }
 
-// Paged keys are planned with the host's copy of each sequence's length (the sequences' parameters): the page
-// table must say the same, or the kernels would read past the sequence's pages. A template: see the note above.
-template <class T>
-__global__ void check_lengths_kernel(paged_side<T> s, __grid_constant__ const batch_params bp, device_verdict* st) {
+// Paged keys and padded kv_views are planned with the host's copy of each sequence's length (the sequences'
+// parameters): the page table or the view's lengths must say the same, or the kernels would read past the
+// sequence. A template: see the note above.
+template <class Side>
+__global__ void check_lengths_kernel(Side s, __grid_constant__ const batch_params bp, device_verdict* st) {
   const std::int64_t tid = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t b = tid; b < s.batch; b += stride) {
-    if (s.indptr[b + 1] < s.indptr[b]) continue;  // validate_pages_kernel reports it
+    if constexpr (requires { s.indptr; })
+      if (s.indptr[b + 1] < s.indptr[b]) continue;  // validate_pages_kernel reports it
     const std::int64_t table = s.tokens_of(b), host = bp.of(b).tokens;
     if (table != host)
       report(st, keys_length_mismatch, static_cast<int>(b), static_cast<int>(host), static_cast<int>(table));

@@ -225,46 +225,54 @@ template <class S, class Sel, class A, class KeySource, class Q>
   return build_budgets<S, A>(pol.allocator, heads, n_keep, {origin, l.segments.size()}, p);
 }
 
-// The keys and the batch's lengths (min_tokens / max_tokens). A kv_view's sequences all have its tokens; paged
-// keys keep their page tables in device memory, so the host takes each sequence's length from `lengths` (a host
-// copy, as FlashInfer's plan() takes its host indptr) and checks the pools' layout, and the device checks the
-// tables against both before any kernel reads through them (read_plan_status).
+// The host copy of the sequences' lengths (paged keys, padded kv_views): one per sequence, each in
+// [0, capacity]. min_tokens / max_tokens: the batch's lengths (fairkv::detail::length_range).
+[[nodiscard]] inline result check_host_lengths(std::span<const std::int32_t> lengths, std::int64_t batch,
+                                               std::int64_t capacity, const char* what, std::int64_t& min_tokens,
+                                               std::int64_t& max_tokens) noexcept {
+  if (static_cast<std::int64_t>(lengths.size()) != batch)
+    return result::error(status::invalid_argument,
+                         "inputs.keys %s: give the host copy of every sequence's length; lengths has %zu entries "
+                         "for a batch of %lld",
+                         what, lengths.size(), static_cast<long long>(batch));
+  fairkv::detail::length_range range;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t L = lengths[static_cast<std::size_t>(b)];
+    if (L < 0)
+      return result::error(status::invalid_argument, "lengths[%lld] = %lld is negative", static_cast<long long>(b),
+                           static_cast<long long>(L));
+    if (L > capacity)
+      return result::error(status::invalid_shape, "lengths[%lld] = %lld exceeds the %lld token slots of inputs.keys",
+                           static_cast<long long>(b), static_cast<long long>(L), static_cast<long long>(capacity));
+    range.add(L);
+  }
+  return range.finish(batch, min_tokens, max_tokens);
+}
+
+// The keys and the batch's lengths (min_tokens / max_tokens). Where the sequences' lengths are device memory
+// (paged keys' tables, a padded kv_view's lengths) the host takes each from `lengths` (a host copy, as
+// FlashInfer's plan() takes its host indptr) and checks the layout, and the device checks its arrays against both
+// before any kernel reads through them (read_plan_status). A kv_view without lengths: every sequence has its tokens.
 template <class S, class KeySource, class Q>
 [[nodiscard]] result validate_keys_and_lengths(const layer_inputs<KeySource, Q>& in,
                                                std::span<const std::int32_t> lengths, std::int64_t& min_tokens,
                                                std::int64_t& max_tokens) noexcept {
   if constexpr (is_dense_view_v<KeySource>) {
-    if (!lengths.empty())
-      return result::error(status::invalid_argument,
-                           "lengths were given for a kv_view, whose sequences all have its %lld tokens (lengths are "
-                           "the host copy of paged keys' sequence lengths)",
-                           static_cast<long long>(in.keys.tokens));
-    return fairkv::detail::validate_lengths<S>(in, min_tokens, max_tokens);
+    if (in.keys.lengths == nullptr) {
+      if (!lengths.empty())
+        return result::error(status::invalid_argument,
+                             "lengths were given for a kv_view without lengths, whose sequences all have its %lld "
+                             "tokens (set inputs.keys.lengths, in device memory, for a padded batch)",
+                             static_cast<long long>(in.keys.tokens));
+      return fairkv::detail::validate_lengths<S>(in, min_tokens, max_tokens);
+    }
+    FAIRKV_TRY(fairkv::detail::validate_keys<S>(in));
+    return check_host_lengths(lengths, in.keys.batch, in.keys.tokens,
+                              "are padded (inputs.keys.lengths in device memory)", min_tokens, max_tokens);
   } else {
     FAIRKV_TRY(validate_layout(in.keys, "inputs.keys"));
-    if (static_cast<std::int64_t>(lengths.size()) != in.keys.batch)
-      return result::error(status::invalid_argument,
-                           "inputs.keys are paged (their tables in device memory): give the host copy of every "
-                           "sequence's length; lengths has %zu entries for a batch of %lld",
-                           lengths.size(), static_cast<long long>(in.keys.batch));
-    max_tokens = 0;
-    min_tokens = INT64_MAX;
-    for (std::int64_t b = 0; b < in.keys.batch; ++b) {
-      const std::int64_t L = lengths[static_cast<std::size_t>(b)];
-      if (L == 0)
-        return result::error(status::empty_cache, "sequence %lld of inputs.keys has no tokens",
-                             static_cast<long long>(b));
-      if (L < 0)
-        return result::error(status::invalid_argument, "lengths[%lld] = %lld is negative", static_cast<long long>(b),
-                             static_cast<long long>(L));
-      if (L > in.keys.num_pages * in.keys.page_size)
-        return result::error(status::invalid_shape, "lengths[%lld] = %lld exceeds the pool's %lld slots",
-                             static_cast<long long>(b), static_cast<long long>(L),
-                             static_cast<long long>(in.keys.num_pages * in.keys.page_size));
-      max_tokens = std::max(max_tokens, L);
-      min_tokens = std::min(min_tokens, L);
-    }
-    return {};
+    return check_host_lengths(lengths, in.keys.batch, in.keys.num_pages * in.keys.page_size,
+                              "are paged (their tables in device memory)", min_tokens, max_tokens);
   }
 }
 
@@ -295,9 +303,8 @@ template <class S, class Sel, class A, class KeySource, class Q>
   FAIRKV_TRY(validate(*requests, in.keys.batch));
   FAIRKV_TRY((fairkv::detail::validate_score_source<S, A>()));
   for (std::int64_t b = 0; b < in.keys.batch; ++b) {
-    result r = fairkv::detail::validate_target(requests->target_of(b));
-    if (r.ok())
-      r = fairkv::detail::validate_lists<A>(requests->segments_of(b), requests->whitelist_of(b), length_of(b));
+    const result r = fairkv::detail::validate_request_lists<A>(requests->segments_of(b), requests->whitelist_of(b),
+                                                               requests->target_of(b), length_of(b));
     if (!r.ok()) return result::error(r.code(), "sequence %lld: %s", static_cast<long long>(b), r.message());
   }
   return fairkv::detail::validate_policy_inputs(pol, in, min_tokens, max_tokens);
@@ -321,11 +328,21 @@ template <class S, class Sel, class A, class KeySource, class Q, class Each>
   bp.batch = static_cast<std::int32_t>(in.keys.batch);
   bp.heads = static_cast<std::int32_t>(in.keys.heads);
   bp.pitch = static_cast<std::int32_t>(max_tokens);
-  bp.per_sequence = requests != nullptr || min_tokens != max_tokens;
+  bool any_empty = false;
+  for (std::int64_t b = 0; b < in.keys.batch; ++b) any_empty = any_empty || length_of(b) == 0;
+  bp.per_sequence = requests != nullptr || min_tokens != max_tokens || any_empty;
   const std::int64_t tables = bp.per_sequence ? in.keys.batch : 1;
   plan_params p;
   attention_params a;
   for (std::int64_t b = 0; b < tables; ++b) {
+    if (length_of(b) == 0) {  // an idle slot: no groups, regions or rows, so every kernel returns for it
+      p = plan_params{};
+      p.batch = bp.batch;
+      p.heads = bp.heads;
+      a = attention_params{};
+      FAIRKV_TRY(each(b, p, a));
+      continue;
+    }
     const sequence_lists l = requests != nullptr
                                  ? sequence_lists{requests->segments_of(b), requests->whitelist_of(b),
                                                   &requests->target_of(b), length_of(b), b}
