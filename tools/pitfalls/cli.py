@@ -308,5 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["evidence"]:   # its own parser: tools/pitfalls/evidence.py
         from . import evidence
         return evidence.main(argv[1:])
+    if argv[:1] == ["findings"]:   # the numbers docs/results.md quotes: tools/pitfalls/findings.py
+        from . import findings
+        return findings.main(argv[1:])
     a = build_parser().parse_args(argv)
     return {"run": cmd_run, "report": cmd_report, "overhead": cmd_overhead, "check": cmd_check}[a.cmd](a)
